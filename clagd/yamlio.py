@@ -1,0 +1,92 @@
+"""YAML in and out: the C loader/dumper when present, stable key order, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+try:
+    from yaml import CSafeDumper as _Dumper
+    from yaml import CSafeLoader as _Loader
+except ImportError:  # pragma: no cover - depends on how PyYAML was built
+    from yaml import SafeDumper as _Dumper  # type: ignore[assignment]
+    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
+
+
+class YamlError(ValueError):
+    """The text is not YAML clagd accepts (syntax error, or an alias)."""
+
+
+class _NoAliasLoader(_Loader):  # type: ignore[misc,valid-type]
+    pass
+
+
+def _refuse_alias(*_args: Any) -> Any:
+    raise YamlError("YAML aliases/anchors are not accepted")
+
+
+def _check_no_alias(text: str) -> None:
+    # The C loader resolves aliases internally; refuse them by scanning events first,
+    # which is cheap and protects against "billion laughs" expansion.
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.AliasEvent):
+            raise YamlError("YAML aliases are not accepted (line %d)" % (event.start_mark.line + 1))
+
+
+def loads(text: str, allow_aliases: bool = False) -> Any:
+    try:
+        if not allow_aliases and "*" in text:
+            _check_no_alias(text)
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        raise YamlError(" ".join(str(exc).split())) from None
+
+
+def dumps(data: Any) -> str:
+    return yaml.dump(
+        data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100, default_flow_style=False
+    )
+
+
+def load_yaml_file(path: Path) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise YamlError(f"not UTF-8: {exc}") from None
+    return loads(text)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str, sync_dir: bool = True) -> None:
+    """Temp file in the same folder, fsync, rename, fsync the folder: all or nothing."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def atomic_write_yaml(path: Path, data: Any, sync_dir: bool = True) -> None:
+    atomic_write_text(path, dumps(data), sync_dir=sync_dir)
