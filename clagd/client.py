@@ -1,0 +1,492 @@
+"""Python client of the clagd socket protocol: all a Python agent needs to talk to the daemon.
+
+The protocol is one JSON object per line, each way. A request is
+``{"id": n, "op": "...", ...params}``; the reply carries the same id and either
+``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": {"code": "...", "message": "..."}}``.
+
+A five-line agent loop::
+
+    from clagd.client import Client
+
+    with Client.for_store("./memory") as mem:
+        mem.add("The user prefers metric units", metadata={"source": "chat"})
+        hits = mem.query("which units does the user like?")
+        prompt = hits.context + "\\n\\n" + question
+
+`Client` connects lazily on the first call and reconnects after the daemon closed an idle
+connection, so one instance can live as long as the agent. It is safe to share between threads
+(calls are serialized). `default_socket_path()` is also what the server binds, so both sides
+agree on where the socket lives without configuration.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import itertools
+import json
+import os
+import re
+import socket
+import stat
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import errors
+
+__all__ = [
+    "Client",
+    "ClientError",
+    "ClusterScore",
+    "DaemonNotRunning",
+    "DaemonTimeout",
+    "MemoryHit",
+    "ProtocolError",
+    "QueryResult",
+    "default_socket_path",
+    "find_socket_path",
+    "prepare_socket_dir",
+    "socket_path_candidates",
+]
+
+# sun_path is 108 bytes on Linux and 104 on the BSDs/macOS, including the final NUL.
+MAX_SOCKET_PATH = 103
+MAX_REPLY_BYTES = 256 * 1024 * 1024
+RECLUSTER_TIMEOUT = 900.0
+_IDEMPOTENT_OPS = frozenset({"ping", "status", "query", "clusters", "log"})
+_UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ClientError(errors.ClagdError):
+    """The daemon answered with an error, or could not be reached; `.code` says which."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message, code)
+
+
+class DaemonNotRunning(errors.DaemonNotRunning, ClientError):
+    """No daemon listens on the socket (file missing, or a stale file: connection refused)."""
+
+    code = "not_running"
+
+
+class DaemonTimeout(ClientError):
+    """The daemon accepted the request but did not answer in time."""
+
+    code = "timeout"
+
+
+class ProtocolError(ClientError):
+    """The reply was not a well-formed protocol message (bad JSON, wrong id, no result)."""
+
+    code = "protocol"
+
+
+# --------------------------------------------------------------------------- socket path
+
+
+def _short_name(store: Path) -> str:
+    digest = hashlib.sha256(os.fsencode(str(store))).hexdigest()[:16]
+    name = _UNSAFE_NAME_RE.sub("_", store.name)[:24].strip("._-") or "store"
+    return f"{name}-{digest}.sock"
+
+
+def socket_path_candidates(
+    store: str | os.PathLike[str], env: Mapping[str, str] | None = None
+) -> list[Path]:
+    """Where the socket of `store` may live, preferred first.
+
+    `<store>/.clagd/clagd.sock` when it fits in an AF_UNIX address; otherwise a short name
+    derived from a hash of the store's absolute path, under `$XDG_RUNTIME_DIR/clagd/` (when
+    set) and then `/tmp/clagd-<uid>/`. Both fallbacks are listed because a client and a
+    server started from different environments (cron, sudo, a systemd unit with PrivateTmp)
+    may disagree on `$XDG_RUNTIME_DIR`.
+    """
+    env = os.environ if env is None else env
+    root = Path(store).expanduser().resolve()
+    preferred = root / ".clagd" / "clagd.sock"
+    if len(os.fsencode(str(preferred))) <= MAX_SOCKET_PATH:
+        return [preferred]
+    name = _short_name(root)
+    out = []
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        out.append(Path(runtime) / "clagd" / name)
+    out.append(Path(f"/tmp/clagd-{os.getuid()}") / name)
+    return out
+
+
+def default_socket_path(
+    store: str | os.PathLike[str], env: Mapping[str, str] | None = None
+) -> Path:
+    """The socket path a daemon serving `store` binds (deterministic for a given env)."""
+    return socket_path_candidates(store, env)[0]
+
+
+def find_socket_path(store: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Path:
+    """The candidate socket that exists, else the default: what a client should connect to."""
+    candidates = socket_path_candidates(store, env)
+    for path in candidates:
+        if path.exists():
+            return path
+    return candidates[0]
+
+
+def prepare_socket_dir(path: str | os.PathLike[str]) -> None:
+    """Create the socket's directory (mode 0700) before binding; refuse a foreign one.
+
+    For the shared fallbacks (`/tmp/clagd-<uid>`, `$XDG_RUNTIME_DIR/clagd`) the directory
+    must belong to us and not be writable by others, or another user could plant a socket.
+    """
+    directory = Path(path).parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = directory.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise errors.StoreError(f"{directory}: not a directory (socket directory)")
+    if directory.name == ".clagd":
+        return
+    if st.st_uid != os.getuid():
+        raise errors.StoreError(
+            f"{directory}: owned by uid {st.st_uid}, not by us; refusing to put the socket there"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class MemoryHit:
+    id: str
+    content: str
+    cluster_id: str | None
+    cluster_name: str
+    score: float
+    created_at: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryHit:
+        return cls(
+            id=str(d["id"]),
+            content=str(d.get("content", "")),
+            cluster_id=d.get("cluster_id"),
+            cluster_name=str(d.get("cluster_name") or ""),
+            score=float(d.get("score") or 0.0),
+            created_at=d.get("created_at"),
+            metadata=dict(d.get("metadata") or {}),
+        )
+
+
+@dataclass
+class ClusterScore:
+    id: str
+    name: str
+    score: float
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ClusterScore:
+        return cls(id=str(d["id"]), name=str(d.get("name") or ""), score=float(d.get("score") or 0))
+
+
+@dataclass
+class QueryResult:
+    """What `query` returns: the memories, the clusters they came from, and the context block
+    to paste into a prompt (`tokens` is its estimated size)."""
+
+    memories: list[MemoryHit]
+    clusters: list[ClusterScore]
+    context: str
+    tokens: int
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QueryResult:
+        try:
+            return cls(
+                memories=[MemoryHit.from_dict(m) for m in d.get("memories") or []],
+                clusters=[ClusterScore.from_dict(c) for c in d.get("clusters") or []],
+                context=str(d.get("context") or ""),
+                tokens=int(d.get("tokens") or 0),
+                raw=dict(d),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed query result: {exc!r}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "memories": [vars(m).copy() for m in self.memories],
+            "clusters": [vars(c).copy() for c in self.clusters],
+            "context": self.context,
+            "tokens": self.tokens,
+        }
+
+
+# --------------------------------------------------------------------------- client
+
+
+class Client:
+    """A connection to one clagd daemon.
+
+    Every method sends one request and waits for its reply; errors the daemon reports become
+    `ClientError` (with the protocol `code`), an absent daemon `DaemonNotRunning`, a garbled
+    reply `ProtocolError`, and a reply that does not come within `timeout` seconds
+    `DaemonTimeout` (the connection is then dropped, since its reply stream is out of step).
+    """
+
+    def __init__(self, socket_path: str | os.PathLike[str], timeout: float | None = 30.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._buf = bytearray()
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+
+    @classmethod
+    def for_store(cls, store: str | os.PathLike[str], timeout: float | None = 30.0) -> Client:
+        """A client for the daemon that serves `store` at its default socket."""
+        return cls(find_socket_path(store), timeout=timeout)
+
+    # -- connection
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({str(self.socket_path)!r})"
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def connect(self) -> None:
+        """Open the connection now (calls do it lazily); raises `DaemonNotRunning`."""
+        with self._lock:
+            if self._sock is None:
+                self._sock = self._open()
+
+    def close(self) -> None:
+        with self._lock:
+            sock, self._sock = self._sock, None
+            self._buf.clear()
+            if sock is not None:
+                sock.close()
+
+    def _open(self) -> socket.socket:
+        path = str(self.socket_path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            why = "no socket file" if isinstance(exc, FileNotFoundError) else "connection refused"
+            raise DaemonNotRunning(
+                f"clagd is not running at {path} ({why}); start it with `clagd run <store>`"
+            ) from None
+        except PermissionError:
+            sock.close()
+            raise ClientError(f"{path}: permission denied", "permission") from None
+        except TimeoutError:
+            sock.close()
+            raise DaemonTimeout(f"{path}: connect timed out") from None
+        except OSError as exc:
+            sock.close()
+            if exc.errno in (None, errno.ENAMETOOLONG, errno.EINVAL):
+                why = exc.strerror or str(exc)
+                raise ClientError(f"{path}: unusable socket path ({why})", "bad_socket") from None
+            raise DaemonNotRunning(f"cannot reach clagd at {path}: {exc.strerror}") from None
+        return sock
+
+    # -- requests
+
+    def call(self, op: str, /, **params: Any) -> Any:
+        """Send `op` with `params` (None values are left out) and return the reply's result."""
+        return self.request(op, {k: v for k, v in params.items() if v is not None})
+
+    def request(
+        self, op: str, params: Mapping[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        """Like `call`, with params as a mapping and a timeout for this request only."""
+        with self._lock:
+            rid = next(self._ids)
+            message = {**(params or {}), "id": rid, "op": op}
+            try:
+                data = (json.dumps(message, ensure_ascii=False) + "\n").encode("utf-8")
+            except (TypeError, ValueError) as exc:
+                raise ClientError(
+                    f"cannot encode request for {op!r}: {exc}", "bad_request"
+                ) from None
+            reused = self._sock is not None
+            try:
+                reply = self._exchange(data, op, timeout)
+            except _Retryable:
+                # The daemon closed an idle connection before our request got through (or,
+                # for a read-only op, before answering): one attempt on a fresh connection.
+                self.close()
+                if not reused:
+                    raise self._closed(op) from None
+                try:
+                    reply = self._exchange(data, op, timeout)
+                except (_Retryable, _ClosedMidRequest):
+                    self.close()
+                    raise self._closed(op) from None
+            except _ClosedMidRequest:
+                self.close()
+                raise self._closed(op) from None
+            return self._result(reply, rid)
+
+    def _closed(self, op: str) -> ClientError:
+        return ClientError(
+            f"clagd at {self.socket_path} closed the connection without answering {op!r}",
+            "closed",
+        )
+
+    def _exchange(self, data: bytes, op: str, timeout: float | None) -> Any:
+        if self._sock is None:
+            self._sock = self._open()
+        sock = self._sock
+        sock.settimeout(self.timeout if timeout is None else timeout)
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            raise _Retryable from None
+        except TimeoutError:
+            self.close()
+            raise DaemonTimeout(f"clagd at {self.socket_path} did not take the request") from None
+        try:
+            line = self._readline(sock)
+        except TimeoutError:
+            self.close()
+            raise DaemonTimeout(
+                f"clagd at {self.socket_path} did not answer within {sock.gettimeout()}s"
+            ) from None
+        except ConnectionResetError:
+            line = None
+        if line is None:
+            raise _Retryable if op in _IDEMPOTENT_OPS else _ClosedMidRequest
+        try:
+            return json.loads(line)
+        except (UnicodeDecodeError, ValueError) as exc:
+            self.close()
+            raise ProtocolError(f"reply is not JSON: {exc}") from None
+
+    def _readline(self, sock: socket.socket) -> bytes | None:
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                return line
+            if len(self._buf) > MAX_REPLY_BYTES:
+                self.close()
+                raise ProtocolError(f"reply longer than {MAX_REPLY_BYTES} bytes")
+            chunk = sock.recv(65536)
+            if not chunk:
+                if self._buf:
+                    self.close()
+                    raise ProtocolError("connection closed in the middle of a reply")
+                return None
+            self._buf += chunk
+
+    def _result(self, reply: Any, rid: int) -> Any:
+        if not isinstance(reply, dict) or "ok" not in reply:
+            self.close()
+            raise ProtocolError(f"reply is not a protocol message: {str(reply)[:200]}")
+        if reply.get("id") != rid:
+            self.close()
+            raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {rid}")
+        if reply["ok"] is True:
+            return reply.get("result")
+        err = reply.get("error")
+        if not isinstance(err, dict):
+            raise ProtocolError(f"error reply without an error object: {str(reply)[:200]}")
+        code = str(err.get("code") or "error")
+        message = str(err.get("message") or code)
+        if code == DaemonNotRunning.code:
+            raise DaemonNotRunning(message)
+        raise ClientError(message, code)
+
+    # -- operations
+
+    def ping(self) -> dict[str, Any]:
+        return self.call("ping")
+
+    def status(self) -> dict[str, Any]:
+        return self.call("status")
+
+    def add(
+        self,
+        content: str,
+        metadata: Mapping[str, Any] | None = None,
+        created_at: str | None = None,
+    ) -> dict[str, Any]:
+        """Store one memory (committed before the reply); returns the daemon's add result."""
+        item: dict[str, Any] = {"content": content}
+        if metadata:
+            item["metadata"] = dict(metadata)
+        if created_at:
+            item["created_at"] = created_at
+        return self.add_many([item])
+
+    def add_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Store several memories in one commit; each item is `{content, metadata?, created_at?}`."""
+        return self.request("add", {"items": [dict(i) for i in items]})
+
+    def query(
+        self,
+        text: str,
+        max_memories: int | None = None,
+        token_budget: int | None = None,
+        include_archive: bool = False,
+    ) -> QueryResult:
+        result = self.call(
+            "query",
+            text=text,
+            max_memories=max_memories,
+            token_budget=token_budget,
+            include_archive=include_archive or None,
+        )
+        if not isinstance(result, dict):
+            raise ProtocolError(f"query result is not an object: {str(result)[:200]}")
+        return QueryResult.from_dict(result)
+
+    def clusters(self, include_archive: bool = False) -> Any:
+        return self.call("clusters", include_archive=include_archive or None)
+
+    def log(self, n: int = 20) -> Any:
+        return self.call("log", n=n)
+
+    def revert(self, ref: str) -> dict[str, Any]:
+        return self.call("revert", ref=ref)
+
+    def recluster(self, wait: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        """Run a clustering session now; with `wait`, return its outcome (may take minutes)."""
+        if timeout is None and wait:
+            timeout = max(self.timeout or 0.0, RECLUSTER_TIMEOUT)
+        return self.request("recluster", {"wait": wait}, timeout=timeout)
+
+    def archive(self, dry_run: bool = False) -> dict[str, Any]:
+        return self.call("archive", dry_run=dry_run)
+
+    def round(self, n: int = 1) -> dict[str, Any]:
+        """Count `n` dialogue rounds (one of the clustering session triggers)."""
+        return self.call("round", n=n)
+
+
+class _Retryable(Exception):
+    pass
+
+
+class _ClosedMidRequest(Exception):
+    pass
