@@ -59,6 +59,10 @@ class SessionConfig:
     min_cluster_size: int = 2
     merge_similarity: float = 0.85
     coarse_threshold: int = 400
+    # lexical organizer: a time gap longer than this starts a new episode; episodes longer
+    # than target_cluster_size are split where the topic shifts
+    episode_gap_minutes: float = 30.0
+    target_cluster_size: int = 12
 
 
 @dataclass
@@ -70,6 +74,7 @@ class RetrievalConfig:
     neighbor_weight: float = 0.0
     k1: float = 1.2
     b: float = 0.75
+    idf: str = "lucene"  # lucene: log(1 + (N - df + .5) / (df + .5)), never <= 0 | okapi
     stemmer: bool = True
     stopwords: bool = True
     use_freshness: bool = False

@@ -1,0 +1,74 @@
+"""Tokenizer shared by the index, the organizer and the eval baselines.
+
+Lowercase, split on anything that is not a letter or digit, drop a modest English stopword
+list, then Snowball (Porter2) stems from PyStemmer. Stems are cached per word: the same few
+thousand words come back in every memory and every query, so the cache makes tokenizing a
+memory cost about one regex pass plus dictionary lookups.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import Stemmer
+
+_WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
+
+STOPWORDS = frozenset(
+    """
+    a about above after again against all am an and any are aren't as at be because been
+    before being below between both but by can can't cannot could couldn't did didn't do does
+    doesn't doing don't down during each few for from further had hadn't has hasn't have haven't
+    having he he'd he'll he's her here here's hers herself him himself his how how's i i'd i'll
+    i'm i've if in into is isn't it it's its itself let's me more most mustn't my myself no nor
+    not of off on once only or other ought our ours ourselves out over own same shan't she she'd
+    she'll she's should shouldn't so some such than that that's the their theirs them themselves
+    then there there's these they they'd they'll they're they've this those through to too under
+    until up very was wasn't we we'd we'll we're we've were weren't what what's when when's where
+    where's which while who who's whom why why's with won't would wouldn't you you'd you'll
+    you're you've your yours yourself yourselves
+    s t d ll m re ve don didn doesn isn wasn aren weren hasn haven hadn won wouldn shouldn
+    couldn just also yeah oh
+    """.split()
+)
+
+_stemmer = Stemmer.Stemmer("english")
+
+
+@lru_cache(maxsize=200_000)
+def _stem(word: str) -> str:
+    return _stemmer.stemWord(word)
+
+
+def words(text: str) -> list[str]:
+    """Lowercased alphanumeric runs, in order (apostrophes split words: "don't" -> don, t)."""
+    return _WORD_RE.findall(text.lower())
+
+
+def tokenize(text: str, stem: bool = True, stopwords: bool = True) -> list[str]:
+    """Index terms of `text`: lowercase words, stopwords dropped, Snowball-stemmed."""
+    toks = _WORD_RE.findall(text.lower())
+    if stopwords:
+        toks = [w for w in toks if w not in STOPWORDS]
+    if stem:
+        toks = [_stem(w) for w in toks]
+    return toks
+
+
+def stem(word: str) -> str:
+    """The stem `tokenize` would give one lowercase word (for mapping stems back to words)."""
+    return _stem(word.lower())
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap LLM-token estimate: max(words * 4/3, chars / 4), rounded up.
+
+    Subword tokenizers give about 1.3 tokens per English word and about 4 characters per
+    token; taking the larger of the two stays close for prose and does not undercount text
+    full of numbers, ids or punctuation.
+    """
+    if not text:
+        return 0
+    n_words = len(text.split())
+    return max(-(-n_words * 4 // 3), -(-len(text) // 4))
