@@ -403,7 +403,11 @@ class Client:
         if not isinstance(reply, dict) or "ok" not in reply:
             self.close()
             raise ProtocolError(f"reply is not a protocol message: {str(reply)[:200]}")
-        if reply.get("id") != rid:
+        if reply.get("id") is None and reply["ok"] is False:
+            # A connection-level refusal (forbidden, busy, too_large) answers no request id;
+            # the daemon may close the connection after it.
+            self.close()
+        elif reply.get("id") != rid:
             self.close()
             raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {rid}")
         if reply["ok"] is True:

@@ -334,6 +334,17 @@ def test_mismatched_id_is_protocol_error(daemon: FakeDaemon) -> None:
     assert not c.connected
 
 
+def test_connection_level_refusal_is_client_error(daemon: FakeDaemon) -> None:
+    daemon.raw_reply = (
+        b'{"id": null, "ok": false, "error": {"code": "forbidden", "message": "uid 7 may not"}}\n'
+    )
+    with Client(daemon.path) as c:
+        with pytest.raises(ClientError) as info:
+            c.ping()
+        assert info.value.code == "forbidden"
+        assert not c.connected
+
+
 def test_reply_without_ok_is_protocol_error(daemon: FakeDaemon) -> None:
     daemon.raw_reply = b'{"id": 1, "result": {}}\n'
     with Client(daemon.path) as c, pytest.raises(ProtocolError):
