@@ -34,7 +34,7 @@ def _check_no_alias(text: str) -> None:
     # which is cheap and protects against "billion laughs" expansion.
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, yaml.AliasEvent):
-            raise YamlError("YAML aliases are not accepted (line %d)" % (event.start_mark.line + 1))
+            raise YamlError(f"YAML aliases are not accepted (line {event.start_mark.line + 1})")
 
 
 def loads(text: str, allow_aliases: bool = False) -> Any:

@@ -1,0 +1,260 @@
+"""The `clagd` command: a thin edge over the client library (and the engine for `init`
+and `eval`). Errors are one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .client import Client, find_socket_path
+from .errors import ClagdError
+
+
+class Ctx:
+    def __init__(self, store: str | None, socket: str | None) -> None:
+        self.store = Path(store or os.environ.get("CLAGD_STORE") or "./memory")
+        self.socket = socket or os.environ.get("CLAGD_SOCKET")
+
+    def socket_path(self) -> Path:
+        if self.socket:
+            return Path(self.socket)
+        from .config import load_config
+
+        try:
+            configured = load_config(self.store).server.socket if self.store.exists() else ""
+        except ClagdError:
+            configured = ""
+        if configured:
+            p = Path(configured)
+            return p if p.is_absolute() else self.store / p
+        return find_socket_path(self.store)
+
+    def client(self, timeout: float | None = 30.0) -> Client:
+        return Client(self.socket_path(), timeout=timeout)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def _emit(data: Any, as_json: bool, text: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    elif text is not None:
+        click.echo(text)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ClagdError as exc:
+            click.echo(f"clagd: {exc}", err=True)
+            sys.exit(2 if exc.code in ("not_running",) else 1)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="clagd")
+@click.option("--store", envvar="CLAGD_STORE", type=click.Path(file_okay=False), help="Store folder (env CLAGD_STORE; default ./memory).")
+@click.option("--socket", envvar="CLAGD_SOCKET", type=click.Path(), help="Daemon socket (env CLAGD_SOCKET; default from the store).")
+@click.pass_context
+def main(ctx: click.Context, store: str | None, socket: str | None) -> None:
+    """clagd: a git-versioned memory daemon for small-language-model agents."""
+    ctx.obj = Ctx(store, socket)
+
+
+@main.command()
+@click.argument("path", required=False, type=click.Path(file_okay=False))
+@pass_ctx
+def init(c: Ctx, path: str | None) -> None:
+    """Create a store (from store_template/) with its git repository."""
+    from .store import init_store
+
+    root, created = init_store(Path(path) if path else c.store)
+    click.echo(f"{'created' if created else 'already a store:'} {root}")
+
+
+@main.command()
+@click.argument("path", required=False, type=click.Path(file_okay=False))
+@click.option("--log-level", default="INFO", show_default=True)
+@pass_ctx
+def run(c: Ctx, path: str | None, log_level: str) -> None:
+    """Run the daemon over a store (created when missing)."""
+    from .daemon import Daemon
+    from .logs import setup_logging
+
+    setup_logging(log_level)
+    d = Daemon(Path(path) if path else c.store, Path(c.socket) if c.socket else None)
+    sys.exit(d.run())
+
+
+@main.command()
+@click.argument("content", required=False)
+@click.option("--meta", "-m", multiple=True, help="metadata KEY=VALUE (repeatable)")
+@click.option("--created-at", help="ISO 8601 time (default: now)")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def add(c: Ctx, content: str | None, meta: tuple[str, ...], created_at: str | None, as_json: bool) -> None:
+    """Store one memory (CONTENT, or standard input)."""
+    if content is None or content == "-":
+        content = sys.stdin.read()
+    metadata: dict[str, Any] = {}
+    for kv in meta:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{kv!r} is not KEY=VALUE", param_hint="--meta")
+        try:
+            metadata[k] = json.loads(v)
+        except ValueError:
+            metadata[k] = v
+    with c.client() as cl:
+        res = cl.add(content, metadata=metadata or None, created_at=created_at)
+    if res.get("added"):
+        text = f"added {', '.join(res['ids'])} ({res['commit'][:10] if res.get('commit') else ''})"
+    else:
+        text = f"already stored: {', '.join(res.get('duplicate_ids', []))}"
+    _emit(res, as_json, text)
+
+
+@main.command()
+@click.argument("text")
+@click.option("-k", "--max-memories", type=int, help="memories to return (default from config)")
+@click.option("--budget", "token_budget", type=int, help="token budget of the context")
+@click.option("--archive", "include_archive", is_flag=True, help="also search archived clusters")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def query(c: Ctx, text: str, max_memories: int | None, token_budget: int | None, include_archive: bool, as_json: bool) -> None:
+    """Relevant memories for TEXT, as a context block."""
+    with c.client() as cl:
+        res = cl.call("query", text=text, max_memories=max_memories, token_budget=token_budget, include_archive=include_archive or None)
+    _emit(res, as_json, res["context"] or "(no relevant memories)")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def status(c: Ctx, as_json: bool) -> None:
+    """What the daemon holds and does."""
+    with c.client() as cl:
+        s = cl.status()
+    if as_json:
+        _emit(s, True)
+        return
+    n = s["counts"]
+    b = s.get("backend", {})
+    ls = s.get("last_session") or {}
+    lines = [
+        f"store      {s['store']}",
+        f"head       {(s.get('head') or '')[:10]}",
+        f"memories   {n['memories']} in {n['clusters']} clusters, {n['unsorted']} unsorted; "
+        f"{n['archived_clusters']} archived clusters ({n['archived_memories']} memories)",
+        f"backend    {b.get('active', 'none')} ({b.get('reason', '')})",
+        f"sessions   {s['counters']['sessions']} run, {s['counters']['sessions_accepted']} accepted, "
+        f"{s['counters']['sessions_rolled_back']} rolled back, {s['counters']['sessions_fallback']} fell back"
+        + (f"; last: {ls.get('status')} ({ls.get('trigger')})" if ls else ""),
+        f"queries    {s['counters']['queries']}; ingested {s['counters']['added']} "
+        f"({s['counters']['duplicates']} duplicates)",
+    ]
+    if s.get("outside_edit_error"):
+        lines.append(f"ATTENTION  outside edit rejected: {s['outside_edit_error']}")
+    click.echo("\n".join(lines))
+
+
+@main.command()
+@click.option("--archive", "include_archive", is_flag=True, help="include archived clusters")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def clusters(c: Ctx, include_archive: bool, as_json: bool) -> None:
+    """The clusters, largest first."""
+    with c.client() as cl:
+        res = cl.call("clusters", include_archive=include_archive or None)
+    rows = [
+        f"{x['id']}  {x['size']:>5}  {x['name']}{'  [archived]' if x['archived'] else ''}{'  [pinned]' if x.get('pinned') else ''}"
+        for x in res["clusters"]
+    ]
+    rows.append(f"(unsorted: {res['unsorted']})")
+    _emit(res, as_json, "\n".join(rows))
+
+
+@main.command(name="log")
+@click.option("-n", default=20, show_default=True, help="entries")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
+    """The store's history: ingests, sessions, archives, reverts, edits."""
+    with c.client() as cl:
+        res = cl.call("log", n=n)
+    rows = []
+    for e in res["entries"]:
+        extra = " ".join(
+            f"{k}={e[k]}" for k in ("session", "status", "trigger", "backend") if e.get(k)
+        )
+        rows.append(f"{e['commit'][:10]} {e['date'][:19]} {e['kind']:<8} {e['subject']}{'  ' + extra if extra else ''}")
+    _emit(res, as_json, "\n".join(rows) or "(no history)")
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def revert(c: Ctx, ref: str, as_json: bool) -> None:
+    """Undo a commit or a whole clustering session (git revert)."""
+    with c.client() as cl:
+        res = cl.revert(ref)
+    _emit(res, as_json, f"reverted {', '.join(s[:10] for s in res['reverted'])}; head {res['head'][:10]}")
+
+
+@main.command()
+@click.option("--no-wait", is_flag=True, help="schedule it and return")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
+    """Run a clustering session now and report its outcome."""
+    with c.client(timeout=None) as cl:
+        res = cl.recluster(wait=not no_wait)
+    text = f"session {res.get('session', '')}: {res.get('status')}"
+    if res.get("reasons"):
+        text += " — " + "; ".join(res["reasons"])[:500]
+    _emit(res, as_json, text)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="only list the clusters that would move")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def archive(c: Ctx, dry_run: bool, as_json: bool) -> None:
+    """Move cold clusters to archive/ now."""
+    with c.client() as cl:
+        res = cl.archive(dry_run=dry_run)
+    verb = "would archive" if dry_run else "archived"
+    _emit(res, as_json, f"{verb} {len(res['clusters'])} cluster(s)" + "".join(f"\n  {i}  {n}" for i, n in zip(res["clusters"], res["names"])))
+
+
+@main.group()
+def eval() -> None:  # noqa: A001 - the subcommand is called eval
+    """Measure retrieval on a benchmark."""
+
+
+@eval.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--k", "ks", default="5,10", show_default=True, help="cut-offs, comma-separated")
+@click.option("--backend", type=click.Choice(["none", "ollama", "llamacpp"]), default="none", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def locomo(file: str, ks: str, backend: str, as_json: bool) -> None:
+    """Evidence recall of clagd vs flat BM25 and recency on a LoCoMo-format FILE."""
+    from .eval_locomo import eval_command
+
+    try:
+        k_list = [int(k) for k in ks.split(",") if k.strip()]
+    except ValueError:
+        raise click.BadParameter("--k takes integers like 5,10") from None
+    sys.exit(eval_command(file, k_list, as_json, backend))
+
+
+if __name__ == "__main__":  # python -m clagd.cli
+    main()

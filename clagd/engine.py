@@ -1,0 +1,476 @@
+"""The engine: one store, its writer, its index snapshots and its statistics, behind the
+operations that the socket server, `clagd eval` and the tests call.
+
+Queries read the current index snapshot (swapped in by the writer after each commit) and
+never wait for the writer or an SLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .config import Config, load_config
+from .errors import BadRequest, ClagdError, Conflict, NotFound, StoreError
+from .gitstore import GitStore
+from .inbox import Item, validate_item
+from .index import Index
+from .ingest import IngestResult, ingest_items
+from .model import Memory
+from .stats import AccessStats
+from .store import Paths, StoreState, is_store, load_state
+from .writer import DATA_DIRS, Changes, WriteContext, Writer
+
+log = logging.getLogger("clagd")
+
+
+class Engine:
+    def __init__(self, root: Path, config: Config | None = None, start: bool = True) -> None:
+        self.root = Path(root).resolve()
+        if not is_store(self.root):
+            raise StoreError(f"{self.root} is not a clagd store (create one with: clagd init {root})")
+        self.paths = Paths(self.root)
+        self.paths.ensure_dirs()
+        self.config = config or load_config(self.root)
+        self.git = GitStore(self.root)
+        self.started_at = time.time()
+        self.notes: list[str] = self.git.recover()
+        txn = self.paths.runtime / "txn"
+        if txn.exists():
+            # a killed daemon left a change half-written: its inputs are still in the inbox
+            self.git.reset_paths_to_head(DATA_DIRS)
+            txn.unlink()
+            self.notes.append("discarded a half-written change left by a stopped daemon")
+        for note in self.notes:
+            log.warning("recovery: %s", note)
+        t0 = time.monotonic()
+        state = load_state(self.root)
+        self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
+        self._archive_index: Index | None = None
+        self._archived = dict(state.archived)
+        self.load_seconds = time.monotonic() - t0
+        self.known = state.content_keys()
+        self.stats = AccessStats(self.paths.runtime / "stats.json")
+        self.writer = Writer(self.root, state, self.git, on_change=self._on_change)
+        self._summaries = self._summarize(state)
+        self.head = self.git.head()
+        self.counters: dict[str, int] = {
+            "queries": 0,
+            "added": 0,
+            "duplicates": 0,
+            "ingest_batches": 0,
+            "ingest_failures": 0,
+            "sessions": 0,
+            "sessions_accepted": 0,
+            "sessions_rolled_back": 0,
+            "sessions_fallback": 0,
+            "sessions_failed": 0,
+            "archived": 0,
+            "thawed": 0,
+            "reverts": 0,
+            "outside_edits": 0,
+            "outside_edit_errors": 0,
+        }
+        self.new_since_session = 0
+        self.rounds_since_session = 0
+        self.outside_error = ""
+        self._outside_sig: tuple | None = None
+        self.session_lock = threading.Lock()
+        self.last_session: dict[str, Any] | None = None
+        # hooks set by the daemon: thresholds reached -> schedule a session; commits -> push
+        self.on_threshold: Callable[[str], None] | None = None
+        self.on_commit: Callable[[str], None] | None = None
+        self.session_runner: Callable[..., dict[str, Any]] | None = None
+        self.backend_status: Callable[[], dict[str, Any]] | None = None
+        log.info(
+            "store %s: %d memories in %d clusters, %d unsorted, %d archived clusters (%.2fs)",
+            self.root,
+            len(self.index),
+            self.index.n_clusters,
+            sum(len(v) for v in state.unsorted.values()),
+            len(state.archived),
+            self.load_seconds,
+        )
+        if start:
+            self.start()
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        self.writer.start()
+
+    def close(self) -> None:
+        self.writer.stop()
+        self.stats.save()
+
+    @property
+    def state(self) -> StoreState:
+        """The writer's state. Read it only on the writer thread or for rough counts."""
+        return self.writer.state
+
+    # -- publishing snapshots (runs on the writer thread) ---------------------------------
+    def _on_change(self, changes: Changes, state: StoreState) -> None:
+        if changes.full:
+            self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
+            self.known = state.content_keys()
+        else:
+            self.index = self.index.apply(
+                upsert_clusters=changes.upsert_clusters,
+                remove_clusters=changes.remove_clusters,
+                add_unsorted=changes.add_unsorted,
+                remove_unsorted=changes.remove_unsorted,
+            )
+        if changes.full or changes.archive_changed:
+            self._archived = dict(state.archived)
+            self._archive_index = None
+        self._summaries = self._summarize(state)
+        if changes.commit:
+            self.head = changes.commit
+            if self.on_commit is not None:
+                self.on_commit(changes.commit)
+
+    def _summarize(self, state: StoreState) -> list[dict[str, Any]]:
+        out = []
+        for archived, area in ((False, state.clusters), (True, state.archived)):
+            for c in area.values():
+                out.append(
+                    {
+                        "id": c.id,
+                        "name": c.name,
+                        "description": c.description,
+                        "tags": list(c.tags),
+                        "size": len(c.memories),
+                        "archived": archived,
+                        "pinned": c.pinned,
+                        "created_at": c.created_at,
+                        "updated_at": c.updated_at,
+                    }
+                )
+        return out
+
+    def archive_index(self) -> Index:
+        idx = self._archive_index
+        if idx is None:
+            idx = Index.build(self._archived, [], self.config)
+            self._archive_index = idx
+        return idx
+
+    # -- adding ---------------------------------------------------------------------------
+    def add(self, raw_items: list[Any], source: str = "socket") -> dict[str, Any]:
+        """Validate every item first (all or nothing), then commit them as one batch."""
+        if not isinstance(raw_items, list) or not raw_items:
+            raise BadRequest("'items' must be a non-empty list")
+        items = [validate_item(r, f"item {i + 1}") for i, r in enumerate(raw_items)]
+        return self.ingest(items, source=source).to_dict()
+
+    def ingest(self, items: list[Item], source: str = "inbox", files: int = 0) -> IngestResult:
+        try:
+            res: IngestResult = self.writer.call(
+                ingest_items, items, self._route, source, files, self.known
+            )
+        except Exception:
+            self.counters["ingest_failures"] += 1
+            raise
+        self.counters["ingest_batches"] += 1
+        self.counters["added"] += len(res.added)
+        self.counters["duplicates"] += len(res.duplicates)
+        if res.added:
+            self.new_since_session += len(res.added)
+            if self.new_since_session >= self.config.session.memory_add_threshold:
+                self._threshold("memories")
+        return res
+
+    def _route(self, m: Memory) -> str | None:
+        return self.index.route(m)
+
+    def _threshold(self, why: str) -> None:
+        if self.on_threshold is not None:
+            self.on_threshold(why)
+
+    # -- reading --------------------------------------------------------------------------
+    def query(
+        self,
+        text: str,
+        max_memories: int | None = None,
+        token_budget: int | None = None,
+        include_archive: bool = False,
+        count_round: bool = True,
+    ) -> dict[str, Any]:
+        if not isinstance(text, str) or not text.strip():
+            raise BadRequest("'text' must be a non-empty string")
+        if max_memories is not None and (not isinstance(max_memories, int) or not 0 < max_memories <= 100):
+            raise BadRequest("'max_memories' must be an integer from 1 to 100")
+        if token_budget is not None and (not isinstance(token_budget, int) or token_budget < 0):
+            raise BadRequest("'token_budget' must be a non-negative integer")
+        t0 = time.perf_counter()
+        archive = self.archive_index() if include_archive else None
+        res = self.index.search(text, max_memories, token_budget, archive=archive)
+        out = res.to_dict()
+        archived_ids = {c["id"] for c in self._summaries if c["archived"]} if include_archive else set()
+        for m in out["memories"]:
+            m["archived"] = m["cluster_id"] in archived_ids
+        self.stats.record(
+            [h.memory.id for h in res.memories],
+            sorted({h.cluster_id for h in res.memories if h.cluster_id}),
+        )
+        out["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        self.counters["queries"] += 1
+        if count_round:
+            self.round(1)
+        hit_archived = sorted({m["cluster_id"] for m in out["memories"] if m["archived"]})
+        if hit_archived and self.config.archive.thaw_on_hit:
+            self.writer.submit(self._thaw_op, hit_archived)
+            out["thawing"] = hit_archived
+        return out
+
+    def round(self, n: int = 1) -> dict[str, Any]:
+        if not isinstance(n, int) or n < 1:
+            raise BadRequest("'n' must be a positive integer")
+        self.rounds_since_session += n
+        if self.rounds_since_session >= self.config.session.dialogue_round_threshold:
+            self._threshold("rounds")
+        return {"rounds_since_session": self.rounds_since_session}
+
+    def clusters(self, include_archive: bool = False) -> dict[str, Any]:
+        out = []
+        for c in self._summaries:
+            if c["archived"] and not include_archive:
+                continue
+            count, last = self.stats.cluster(c["id"])
+            out.append({**c, "access_count": count, "last_accessed": _iso(last)})
+        out.sort(key=lambda c: (c["archived"], -c["size"], c["name"]))
+        return {"clusters": out, "unsorted": self.index_unsorted_count()}
+
+    def index_unsorted_count(self) -> int:
+        return len(self.index) - sum(c["size"] for c in self._summaries if not c["archived"])
+
+    def status(self) -> dict[str, Any]:
+        counts = {
+            "memories": len(self.index),
+            "clusters": sum(1 for c in self._summaries if not c["archived"]),
+            "archived_clusters": sum(1 for c in self._summaries if c["archived"]),
+            "archived_memories": sum(c["size"] for c in self._summaries if c["archived"]),
+            "unsorted": self.index_unsorted_count(),
+        }
+        out: dict[str, Any] = {
+            "store": str(self.root),
+            "head": self.head,
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "load_seconds": round(self.load_seconds, 3),
+            "counts": counts,
+            "counters": dict(self.counters),
+            "writer": {
+                "alive": self.writer.alive(),
+                "pending": self.writer.pending(),
+                "commits": self.writer.commits,
+                "failures": self.writer.failures,
+                "last_error": self.writer.last_error,
+            },
+            "new_since_session": self.new_since_session,
+            "rounds_since_session": self.rounds_since_session,
+            "last_session": self.last_session,
+            "outside_edit_error": self.outside_error,
+            "recovery": self.notes,
+        }
+        if self.backend_status is not None:
+            out["backend"] = self.backend_status()
+        return out
+
+    def log(self, n: int = 20) -> dict[str, Any]:
+        if not isinstance(n, int) or not 0 < n <= 10_000:
+            raise BadRequest("'n' must be an integer from 1 to 10000")
+        entries = self.git.log(n)
+        for e in entries:
+            t = e["trailers"]
+            e["session"] = t.get("session")
+            e["status"] = t.get("status")
+            e["trigger"] = t.get("trigger")
+            e["backend"] = t.get("backend")
+        return {"entries": entries}
+
+    # -- history ------------------------------------------------------------------------
+    def revert(self, ref: str) -> dict[str, Any]:
+        """Revert one commit, or every commit of a session (newest first), through git."""
+        if not isinstance(ref, str) or not ref.strip():
+            raise BadRequest("'ref' must be a commit or a session id")
+        ref = ref.strip()
+        shas = self.git.find_by_trailer("session", ref) if not _looks_like_sha(ref) else []
+        if not shas:
+            shas = [self.git.resolve(ref)]
+        result = self.writer.call(self._revert_op, shas, ref)
+        self.counters["reverts"] += 1
+        return result
+
+    def _revert_op(self, ctx: WriteContext, shas: list[str], ref: str) -> dict[str, Any]:
+        done: list[str] = []
+        start_head = ctx.git.head()
+        try:
+            for sha in shas:
+                entry = ctx.git.log(1, sha)[0]
+                if entry["kind"] == "revert" and sha != shas[0]:
+                    continue
+                new = ctx.revert(
+                    sha,
+                    f"revert: {entry['subject']}"[:200],
+                    {"kind": "revert", "reverts": sha, "session": entry["trailers"].get("session")},
+                )
+                done.append(new)
+        except (Conflict, StoreError):
+            if done and start_head:  # a session of several commits: all or nothing
+                ctx.git.run("reset", "-q", "--hard", start_head)
+                ctx.reload_all()
+            raise
+        self.known = ctx.state.content_keys()
+        return {"reverted": shas, "commits": done, "head": ctx.git.head()}
+
+    # -- outside edits --------------------------------------------------------------------
+    def check_outside(self) -> dict[str, Any] | None:
+        """Notice hand edits and git commands run in the store; validate and reload."""
+        return self.writer.call(self._outside_op)
+
+    def _outside_op(self, ctx: WriteContext) -> dict[str, Any] | None:
+        head = ctx.git.head()
+        dirty = ctx.git.dirty_paths(DATA_DIRS)
+        moved = head != self.head
+        if not moved and not dirty:
+            self._outside_sig = None
+            return None
+        sig = (head, tuple(sorted((p, _mtime(self.root / p)) for p in dirty)))
+        if sig == self._outside_sig:
+            return None  # already reported this exact broken state
+        changed = set(dirty)
+        if moved and self.head:
+            try:
+                out = ctx.git.run("diff", "--name-only", f"{self.head}", f"{head}", "--", *DATA_DIRS)
+                changed.update(p for p in out.splitlines() if p.strip())
+            except ClagdError:
+                raise
+            except Exception:  # noqa: BLE001 - unrelated history: reload everything
+                changed.update(_all_data_files(self.root))
+        try:
+            changes = ctx.reload_paths(sorted(changed), commit=None)
+        except StoreError as exc:
+            self._outside_sig = sig
+            self.outside_error = str(exc)
+            self.counters["outside_edit_errors"] += 1
+            log.error("outside edit rejected, still serving the last good state: %s", exc)
+            return {"ok": False, "error": str(exc)}
+        self.outside_error = ""
+        self._outside_sig = None
+        self.known = ctx.state.content_keys()
+        sha = None
+        if dirty:
+            sha = ctx.git.commit(
+                dirty, f"edit: {len(dirty)} file(s) changed outside clagd", "\n".join(dirty), {"kind": "edit"}
+            )
+        self.head = ctx.git.head()
+        self.counters["outside_edits"] += 1
+        log.info("outside change loaded (%d files%s)", len(changed), f", committed {sha[:10]}" if sha else "")
+        del changes
+        return {"ok": True, "files": sorted(changed), "commit": sha}
+
+    # -- archive ----------------------------------------------------------------------
+    def archive(self, dry_run: bool = False, now: float | None = None) -> dict[str, Any]:
+        return self.writer.call(self._archive_op, dry_run, now)
+
+    def cold_clusters(self, state: StoreState, now: float | None = None) -> list[str]:
+        cfg = self.config.archive
+        now = time.time() if now is None else now
+        cold = []
+        for c in state.clusters.values():
+            if c.pinned or len(c.memories) < cfg.min_size:
+                continue
+            _count, last = self.stats.cluster(c.id)
+            if last is None:
+                last = max(_epoch(c.updated_at), _epoch(c.created_at))
+            if now - last >= cfg.cold_after_days * 86400:
+                cold.append(c.id)
+        return sorted(cold)
+
+    def _archive_op(self, ctx: WriteContext, dry_run: bool, now: float | None) -> dict[str, Any]:
+        cold = self.cold_clusters(ctx.state, now)
+        names = [ctx.state.clusters[c].name for c in cold]
+        if dry_run or not cold:
+            return {"dry_run": dry_run, "clusters": cold, "names": names, "commit": None}
+        for cid in cold:
+            ctx.touch_cluster(cid)
+            ctx.touch_archive(cid)
+            ctx.state.archived[cid] = ctx.state.clusters.pop(cid)
+        sha = ctx.commit(
+            f"archive: {len(cold)} cold cluster(s)",
+            "\n".join(f"- {cid}: {n}" for cid, n in zip(cold, names)),
+            {"kind": "archive", "clusters": len(cold)},
+        )
+        self.counters["archived"] += len(cold)
+        return {"dry_run": False, "clusters": cold, "names": names, "commit": sha}
+
+    def _thaw_op(self, ctx: WriteContext, cids: list[str]) -> dict[str, Any]:
+        cids = [c for c in cids if c in ctx.state.archived]
+        if not cids:
+            return {"clusters": [], "commit": None}
+        for cid in cids:
+            ctx.touch_cluster(cid)
+            ctx.touch_archive(cid)
+            ctx.state.clusters[cid] = ctx.state.archived.pop(cid)
+            self.stats.touch_cluster(cid)
+        sha = ctx.commit(
+            f"thaw: {len(cids)} cluster(s) back from the archive",
+            "\n".join(f"- {c}: {ctx.state.clusters[c].name}" for c in cids),
+            {"kind": "thaw", "clusters": len(cids)},
+        )
+        self.counters["thawed"] += len(cids)
+        return {"clusters": cids, "commit": sha}
+
+    def thaw(self, cids: list[str]) -> dict[str, Any]:
+        return self.writer.call(self._thaw_op, cids)
+
+    # -- sessions ------------------------------------------------------------------------
+    def recluster(self, trigger: str = "manual", backend: str | None = None) -> dict[str, Any]:
+        """Run one clustering session now (waiting for any running one) and report it."""
+        if self.session_runner is None:
+            raise ClagdError("clustering sessions are not available in this process")
+        with self.session_lock:
+            self.new_since_session = 0
+            self.rounds_since_session = 0
+            outcome = self.session_runner(self, trigger=trigger, backend=backend)
+        self.last_session = outcome
+        self.counters["sessions"] += 1
+        key = f"sessions_{outcome.get('status', 'failed')}"
+        if key in self.counters:
+            self.counters[key] += 1
+        return outcome
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _epoch(s: str) -> float:
+    from .model import parse_time
+
+    dt = parse_time(s)
+    return dt.timestamp() if dt else 0.0
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _looks_like_sha(ref: str) -> bool:
+    return 4 <= len(ref) <= 40 and all(c in "0123456789abcdef" for c in ref.lower())
+
+
+def _all_data_files(root: Path) -> list[str]:
+    return [str(p.relative_to(root)) for d in DATA_DIRS for p in (root / d).glob("*.yaml")]
+
+
+__all__ = ["Engine", "NotFound"]

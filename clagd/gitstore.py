@@ -1,0 +1,268 @@
+"""Git, through GitPython's command wrapper (`git.cmd.Git`), never its object layer.
+
+Every change of memory content or organization is one commit with trailers that say what
+kind of change it was; `log()` reads them back for `clagd log`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from git.cmd import Git
+from git.exc import GitCommandError
+
+from .errors import Conflict, NotFound, StoreError
+
+log = logging.getLogger("clagd.git")
+
+IDENTITY = ("-c", "user.name=clagd", "-c", "user.email=clagd@localhost")
+TRAILER_PREFIX = "Clagd-"
+_FIELD = "\x1f"
+_RECORD = "\x1e"
+
+
+def format_message(subject: str, body: str = "", trailers: dict[str, Any] | None = None) -> str:
+    parts = [subject.strip().splitlines()[0][:200] if subject.strip() else "clagd change"]
+    if body.strip():
+        parts.append(body.strip())
+    if trailers:
+        parts.append(
+            "\n".join(
+                f"{TRAILER_PREFIX}{k.replace('_', '-').title()}: {' '.join(str(v).split())}"
+                for k, v in trailers.items()
+                if v is not None and str(v) != ""
+            )
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+class GitStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.git = Git(str(self.root))
+        # A fixed environment: no pager, no editor, no prompts; a commit identity of our own.
+        self.git.update_environment(
+            GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true", GIT_PAGER="cat", LC_ALL="C"
+        )
+
+    # -- plumbing ---------------------------------------------------------------
+    def run(self, *args: str, **kw: Any) -> str:
+        """Run git, retrying briefly while another git process holds the index lock."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                return str(self.git.execute(["git", *IDENTITY, *args], **kw))
+            except GitCommandError as exc:
+                if "index.lock" in str(exc.stderr) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise
+
+    def init(self) -> None:
+        self.run("init", "-q", "-b", "main") if not (self.root / ".git").exists() else None
+        for key, value in (("core.fsync", "all"), ("core.fsyncMethod", "fsync")):
+            try:
+                self.run("config", key, value)
+            except GitCommandError:  # an old git without core.fsync
+                log.warning("git does not support %s; commits rely on the OS to flush", key)
+        self.run("config", "gc.auto", "0")  # no gc in the daemon's write path
+
+    def head(self) -> str | None:
+        try:
+            return self.run("rev-parse", "--verify", "-q", "HEAD").strip() or None
+        except GitCommandError:
+            return None
+
+    def recover(self) -> list[str]:
+        """Undo what a killed daemon (or a crashed git) left behind. Called at start-up,
+        with the store lock held, so any lock file or half-done revert is not ours to keep."""
+        notes = []
+        gitdir = self.root / ".git"
+        lock = gitdir / "index.lock"
+        if lock.exists():
+            age = time.time() - lock.stat().st_mtime
+            if age < 2.0:
+                time.sleep(2.0 - age)  # maybe a live git command of the user's: let it finish
+            if lock.exists():
+                lock.unlink()
+                notes.append("removed a stale .git/index.lock")
+        for marker in ("REVERT_HEAD", "CHERRY_PICK_HEAD", "MERGE_HEAD"):
+            if (gitdir / marker).exists():
+                for cmd in (("revert", "--quit"), ("cherry-pick", "--quit"), ("merge", "--quit")):
+                    try:
+                        self.run(*cmd)
+                    except GitCommandError:
+                        pass
+                notes.append(f"abandoned an unfinished git operation ({marker})")
+        return notes
+
+    def reset_paths_to_head(self, dirs: Iterable[str]) -> None:
+        """Drop uncommitted changes under the given folders (a half-applied operation)."""
+        dirs = [d for d in dirs]
+        if self.head():
+            self.run("reset", "-q", "HEAD", "--", *dirs)
+            try:
+                self.run("checkout", "-q", "HEAD", "--", *dirs)
+            except GitCommandError:
+                pass  # a folder with nothing tracked yet
+        self.run("clean", "-fdq", "--", *dirs)
+
+    def dirty_paths(self, dirs: Iterable[str]) -> list[str]:
+        out = self.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *dirs)
+        paths = []
+        for entry in out.split("\0"):
+            if len(entry) > 3:
+                paths.append(entry[3:])
+        return paths
+
+    # -- commits ----------------------------------------------------------------
+    def commit(
+        self,
+        paths: Iterable[str],
+        subject: str,
+        body: str = "",
+        trailers: dict[str, Any] | None = None,
+        allow_empty: bool = False,
+    ) -> str | None:
+        """Stage exactly `paths` (added, changed or deleted) and commit only them.
+
+        Returns the new commit, or None when nothing changed."""
+        paths = sorted(set(paths))
+        if paths:
+            # --ignore-removal is not wanted: a deleted file must be staged as deleted.
+            self.run("add", "-A", "--", *paths)
+        staged = self.run("diff", "--cached", "--name-only", "--", *paths).strip() if paths else ""
+        if not staged and not allow_empty:
+            return None
+        msg = format_message(subject, body, trailers)
+        args = ["commit", "-q", "--no-verify", "-F", "-"]
+        if allow_empty:
+            args.append("--allow-empty")
+        if paths and staged:
+            args += ["--", *paths]
+        self.run(*args, istream=_Stdin(msg))
+        head = self.head()
+        assert head is not None
+        return head
+
+    def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
+        """`git revert` one commit, with our own message and trailers; a conflict is refused
+        and leaves the store exactly as it was."""
+        full = self.resolve(sha)
+        try:
+            self.run("revert", "--no-commit", "--no-edit", full)
+        except GitCommandError as exc:
+            for cmd in (("revert", "--abort"), ("reset", "-q", "--merge")):
+                try:
+                    self.run(*cmd)
+                except GitCommandError:
+                    pass
+            raise Conflict(f"cannot revert {full[:10]}: {_first_line(exc.stderr)}") from None
+        msg = format_message(subject, f"This reverts commit {full}.", trailers)
+        self.run("commit", "-q", "--no-verify", "--allow-empty", "-F", "-", istream=_Stdin(msg))
+        head = self.head()
+        assert head is not None
+        return head
+
+    def resolve(self, ref: str) -> str:
+        if not ref or ref.startswith("-"):
+            raise NotFound(f"no commit {ref!r}")
+        try:
+            return self.run("rev-parse", "--verify", "-q", f"{ref}^{{commit}}").strip()
+        except GitCommandError:
+            raise NotFound(f"no commit {ref!r} in the store") from None
+
+    def find_by_trailer(self, key: str, value: str, limit: int = 2000) -> list[str]:
+        return [
+            e["commit"]
+            for e in self.log(limit)
+            if str(e["trailers"].get(key.lower(), "")) == value
+        ]
+
+    def log(self, n: int = 20, rev: str = "HEAD") -> list[dict[str, Any]]:
+        if not self.head():
+            return []
+        fmt = _FIELD.join(["%H", "%aI", "%s", "%(trailers:only,unfold)", "%P"]) + _RECORD
+        out = self.run("log", f"-n{int(n)}", f"--format={fmt}", rev)
+        entries = []
+        for rec in out.split(_RECORD):
+            rec = rec.strip("\n")
+            if not rec:
+                continue
+            sha, date, subject, trailer_text, parents = (rec.split(_FIELD) + [""] * 5)[:5]
+            trailers: dict[str, str] = {}
+            for line in trailer_text.splitlines():
+                k, sep, v = line.partition(":")
+                if sep and k.startswith(TRAILER_PREFIX):
+                    trailers[k[len(TRAILER_PREFIX) :].lower()] = v.strip()
+            entries.append(
+                {
+                    "commit": sha,
+                    "date": date,
+                    "subject": subject,
+                    "kind": trailers.get("kind", "outside"),
+                    "trailers": trailers,
+                    "parents": parents.split(),
+                }
+            )
+        return entries
+
+    def changed_files(self, sha: str) -> list[str]:
+        out = self.run("show", "--name-only", "--format=", sha)
+        return [line for line in out.splitlines() if line.strip()]
+
+    def fsck(self) -> str:
+        return self.run("fsck", "--no-progress", "--full", with_extended_output=False)
+
+    def file_at(self, rev: str, path: str) -> str | None:
+        try:
+            return self.run("show", f"{rev}:{path}", strip_newline_in_stdout=False)
+        except GitCommandError:
+            return None
+
+    def push(self, remote: str, branch: str) -> None:
+        self.run("push", "-q", remote, f"HEAD:refs/heads/{branch}")
+
+
+class _Stdin:
+    """A tiny file-like object for `istream=`: GitPython hands it to subprocess as stdin."""
+
+    def __init__(self, text: str) -> None:
+        import tempfile
+
+        self._f = tempfile.TemporaryFile()
+        self._f.write(text.encode("utf-8"))
+        self._f.seek(0)
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def __del__(self) -> None:
+        try:
+            self._f.close()
+        except Exception:
+            pass
+
+
+def _first_line(text: Any) -> str:
+    for line in str(text or "").splitlines():
+        line = line.strip().strip("'").strip()
+        if line and not line.startswith("stderr:"):
+            return line
+    return str(text).strip()
+
+
+def ensure_repo(root: Path) -> GitStore:
+    if not Path(root).is_dir():
+        raise StoreError(f"{root} is not a folder")
+    g = GitStore(root)
+    g.init()
+    return g
+
+
+__all__ = ["GitStore", "ensure_repo", "format_message", "os"]

@@ -1,0 +1,88 @@
+"""Scheduled work (APScheduler 3.x): clustering sessions, the archive job, backend re-checks
+and housekeeping (outside edits, access statistics).
+
+Sessions run on a one-thread executor, so there is one at a time; triggers coalesce (a
+burst of "20 new memories" triggers becomes one session) and no misfire is dropped, however
+busy the daemon is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+log = logging.getLogger("clagd.scheduler")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        session: Callable[[str], object],
+        archive: Callable[[], object],
+        housekeeping: Callable[[], object],
+        recheck_backend: Callable[[], object],
+        session_minutes: float,
+        archive_hours: float,
+        housekeeping_seconds: float,
+        backend_seconds: float,
+    ) -> None:
+        self._session = session
+        self.sched = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(2), "session": ThreadPoolExecutor(1)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+            timezone=timezone.utc,
+        )
+        if session_minutes > 0:
+            self.sched.add_job(
+                self._run_session, "interval", minutes=session_minutes, args=["interval"],
+                id="session-interval", executor="session",
+            )
+        if archive_hours > 0:
+            self.sched.add_job(self._safe(archive, "archive"), "interval", hours=archive_hours, id="archive")
+        self.sched.add_job(
+            self._safe(housekeeping, "housekeeping"), "interval", seconds=housekeeping_seconds,
+            id="housekeeping",
+        )
+        if backend_seconds > 0:
+            self.sched.add_job(
+                self._safe(recheck_backend, "backend check"), "interval", seconds=backend_seconds,
+                id="backend",
+            )
+
+    def _safe(self, fn: Callable[[], object], what: str) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a job failure is logged, never fatal
+                log.error("%s failed: %s", what, exc)
+
+        return run
+
+    def _run_session(self, trigger: str) -> None:
+        try:
+            self._session(trigger)
+        except Exception as exc:  # noqa: BLE001
+            log.error("clustering session (%s) failed: %s", trigger, exc)
+
+    def trigger_session(self, why: str) -> None:
+        """Ask for a session soon; while one is queued, further asks coalesce into it."""
+        if self.sched.get_job("session-now") is not None:
+            return
+        self.sched.add_job(
+            self._run_session, "date", run_date=datetime.now(timezone.utc) + timedelta(milliseconds=50),
+            args=[why], id="session-now", executor="session", replace_existing=True,
+        )
+
+    def start(self) -> None:
+        self.sched.start()
+
+    def alive(self) -> bool:
+        return bool(self.sched.running)
+
+    def stop(self) -> None:
+        if self.sched.running:
+            self.sched.shutdown(wait=False)

@@ -1,0 +1,276 @@
+"""The store: a git repository of YAML cluster files, and its in-memory state.
+
+`StoreState` is the writer's view of the working tree. Only the writer thread mutates it;
+readers use index snapshots instead.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+from .errors import StoreError
+from .model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id
+from .yamlio import YamlError, atomic_write_yaml, load_yaml_file
+
+CLUSTERS = "clusters"
+ARCHIVE = "archive"
+UNSORTED = "unsorted"
+PROMPTS = "prompts"
+INBOX = "inbox"
+RUNTIME = ".clagd"
+SHARD_PREFIX = "u-"
+
+
+def template_dir() -> Path:
+    return Path(str(resources.files("clagd.store_template")))
+
+
+def new_shard_name() -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{SHARD_PREFIX}{stamp}-{secrets.token_hex(3)}"
+
+
+def valid_shard_name(name: str) -> bool:
+    return (
+        name.startswith(SHARD_PREFIX)
+        and len(name) < 80
+        and all(c.isalnum() or c in "-_" for c in name)
+    )
+
+
+@dataclass
+class Paths:
+    root: Path
+
+    @property
+    def clusters(self) -> Path:
+        return self.root / CLUSTERS
+
+    @property
+    def archive(self) -> Path:
+        return self.root / ARCHIVE
+
+    @property
+    def unsorted(self) -> Path:
+        return self.root / UNSORTED
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / PROMPTS
+
+    @property
+    def inbox(self) -> Path:
+        return self.root / INBOX
+
+    @property
+    def rejected(self) -> Path:
+        return self.root / INBOX / "rejected"
+
+    @property
+    def runtime(self) -> Path:
+        return self.root / RUNTIME
+
+    def cluster_file(self, cid: str, archived: bool = False) -> Path:
+        if not CLUSTER_ID_RE.match(cid):
+            raise StoreError(f"invalid cluster id {cid!r}")
+        return (self.archive if archived else self.clusters) / f"{cid}.yaml"
+
+    def shard_file(self, name: str) -> Path:
+        if not valid_shard_name(name):
+            raise StoreError(f"invalid unsorted shard name {name!r}")
+        return self.unsorted / f"{name}.yaml"
+
+    def ensure_dirs(self) -> None:
+        for d in (self.clusters, self.archive, self.unsorted, self.prompts):
+            d.mkdir(parents=True, exist_ok=True)
+        for d in (self.inbox, self.rejected, self.inbox / ".tmp"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.runtime, 0o700)
+
+
+def is_store(path: Path) -> bool:
+    return (Path(path) / "clagd.yaml").is_file() and (Path(path) / ".git").exists()
+
+
+def copy_template(dest: Path) -> None:
+    """Copy store_template/ into dest without overwriting anything already there."""
+    src = template_dir()
+    for item in src.rglob("*"):
+        rel = item.relative_to(src)
+        if rel.parts[0] == "__pycache__" or item.name in ("__init__.py",):
+            continue
+        target = dest / rel
+        if item.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(item, target)
+
+
+@dataclass
+class StoreState:
+    """Every memory of the store, where it lives, and the files that hold it."""
+
+    clusters: dict[str, Cluster] = field(default_factory=dict)
+    archived: dict[str, Cluster] = field(default_factory=dict)
+    unsorted: dict[str, list[Memory]] = field(default_factory=dict)
+
+    def all_memories(self) -> Iterator[tuple[Memory, str, str]]:
+        for cid, c in self.clusters.items():
+            for m in c.memories:
+                yield m, "cluster", cid
+        for cid, c in self.archived.items():
+            for m in c.memories:
+                yield m, "archive", cid
+        for shard, mems in self.unsorted.items():
+            for m in mems:
+                yield m, "unsorted", shard
+
+    def locate(self, mid: str) -> tuple[str, str] | None:
+        for m, area, key in self.all_memories():
+            if m.id == mid:
+                return area, key
+        return None
+
+    def memory(self, mid: str) -> Memory | None:
+        for m, _area, _key in self.all_memories():
+            if m.id == mid:
+                return m
+        return None
+
+    def memory_ids(self) -> set[str]:
+        return {m.id for m, _a, _k in self.all_memories()}
+
+    def content_keys(self) -> set[str]:
+        """Ids and content hashes of every memory: what makes a new memory a duplicate."""
+        keys: set[str] = set()
+        for m, _a, _k in self.all_memories():
+            keys.add(m.id)
+            keys.add(memory_id(m.content))
+        return keys
+
+    def unsorted_memories(self) -> list[Memory]:
+        return [m for mems in self.unsorted.values() for m in mems]
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "clusters": len(self.clusters),
+            "archived_clusters": len(self.archived),
+            "memories": sum(len(c.memories) for c in self.clusters.values()),
+            "archived_memories": sum(len(c.memories) for c in self.archived.values()),
+            "unsorted": sum(len(v) for v in self.unsorted.values()),
+        }
+
+
+def _check_memory(m: Memory, where: str, seen: dict[str, str], errors: list[str]) -> None:
+    if not MEMORY_ID_RE.match(m.id):
+        errors.append(f"{where}: invalid memory id {m.id!r}")
+    elif m.id in seen:
+        errors.append(f"{where}: memory {m.id} is also in {seen[m.id]}")
+    else:
+        seen[m.id] = where
+    if not m.content.strip():
+        errors.append(f"{where}: memory {m.id} has empty content")
+
+
+def _load_cluster(path: Path, errors: list[str]) -> Cluster | None:
+    try:
+        data = load_yaml_file(path)
+        if not isinstance(data, dict):
+            raise ValueError("not a mapping")
+        c = Cluster.from_dict(data)
+    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        errors.append(f"{path.name}: {exc}")
+        return None
+    if c.id != path.stem:
+        errors.append(f"{path.name}: id {c.id!r} does not match the file name")
+        return None
+    if not CLUSTER_ID_RE.match(c.id):
+        errors.append(f"{path.name}: invalid cluster id {c.id!r}")
+        return None
+    return c
+
+
+def _load_shard(path: Path, errors: list[str]) -> list[Memory] | None:
+    try:
+        data = load_yaml_file(path)
+        if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
+            raise ValueError("expected a mapping with a 'memories' list")
+        return [Memory.from_dict(m) for m in data["memories"]]
+    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        errors.append(f"{path.name}: {exc}")
+        return None
+
+
+def load_state(root: Path) -> StoreState:
+    """Read every cluster, archived cluster and unsorted shard; raise StoreError listing
+    every problem (so a broken hand edit is reported whole, and nothing half-loaded serves)."""
+    paths = Paths(Path(root))
+    state = StoreState()
+    errors: list[str] = []
+    for area, target in ((paths.clusters, state.clusters), (paths.archive, state.archived)):
+        if area.is_dir():
+            for f in sorted(area.glob("*.yaml")):
+                c = _load_cluster(f, errors)
+                if c is not None:
+                    target[c.id] = c
+    if paths.unsorted.is_dir():
+        for f in sorted(paths.unsorted.glob("*.yaml")):
+            if not valid_shard_name(f.stem):
+                errors.append(f"{f.name}: invalid unsorted shard name")
+                continue
+            mems = _load_shard(f, errors)
+            if mems is not None:
+                state.unsorted[f.stem] = mems
+    seen: dict[str, str] = {}
+    for m, area, key in state.all_memories():
+        _check_memory(m, f"{area}/{key}", seen, errors)
+    for cid in set(state.clusters) & set(state.archived):
+        errors.append(f"cluster {cid} is both hot and archived")
+    if errors:
+        raise StoreError("invalid store: " + "; ".join(errors[:20]))
+    return state
+
+
+def write_cluster(paths: Paths, c: Cluster, archived: bool = False) -> Path:
+    path = paths.cluster_file(c.id, archived)
+    atomic_write_yaml(path, c.to_dict(), sync_dir=False)
+    return path
+
+
+def write_shard(paths: Paths, name: str, mems: list[Memory]) -> Path:
+    path = paths.shard_file(name)
+    atomic_write_yaml(path, {"memories": [m.to_dict() for m in mems]}, sync_dir=False)
+    return path
+
+
+def init_store(root: Path) -> tuple[Path, bool]:
+    """Create a store from store_template/ (keeping anything already there), `git init`,
+    first commit. Returns (path, created)."""
+    from .gitstore import GitStore
+
+    root = Path(root).expanduser().resolve()
+    if is_store(root):
+        Paths(root).ensure_dirs()
+        return root, False
+    root.mkdir(parents=True, exist_ok=True)
+    copy_template(root)
+    paths = Paths(root)
+    paths.ensure_dirs()
+    for d in (paths.clusters, paths.archive, paths.unsorted):
+        keep = d / ".gitkeep"
+        if not any(d.iterdir()):
+            keep.touch()
+    git = GitStore(root)
+    git.init()
+    if git.head() is None:
+        git.commit(["."], "init: new clagd store", "", {"kind": "init"})
+    return root, True

@@ -1,0 +1,311 @@
+"""The single writer: one thread that owns the working tree, the git index and StoreState.
+
+Every mutation (ingest batch, session apply, archive, revert, reload after an outside edit)
+is an operation submitted here and run in order. An operation marks the files it changes
+(`touch_*`), mutates `ctx.state`, then calls `ctx.commit(...)`, which writes those files
+atomically, commits exactly them, and publishes the change to the index. If an operation
+fails half-way, the working tree is put back to HEAD and the state reloaded, so a failure
+never leaves a half-applied change behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import StoreError
+from .gitstore import GitStore
+from .model import Cluster, Memory
+from .store import (
+    ARCHIVE,
+    CLUSTERS,
+    UNSORTED,
+    Paths,
+    StoreState,
+    _load_cluster,
+    _load_shard,
+    load_state,
+    write_cluster,
+    write_shard,
+)
+from .yamlio import atomic_write_text, fsync_dir
+
+log = logging.getLogger("clagd.writer")
+DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
+
+
+@dataclass
+class Changes:
+    """What one commit changed, in the terms the index needs."""
+
+    upsert_clusters: list[Cluster] = field(default_factory=list)
+    remove_clusters: list[str] = field(default_factory=list)
+    add_unsorted: list[Memory] = field(default_factory=list)
+    remove_unsorted: list[str] = field(default_factory=list)
+    archive_changed: bool = False
+    full: bool = False
+    commit: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.upsert_clusters
+            or self.remove_clusters
+            or self.add_unsorted
+            or self.remove_unsorted
+            or self.archive_changed
+            or self.full
+        )
+
+
+class WriteContext:
+    def __init__(self, writer: Writer) -> None:
+        self.w = writer
+        self._clusters: set[str] = set()
+        self._archive: set[str] = set()
+        self._shards: dict[str, set[str]] = {}  # shard -> memory ids before this change
+
+    @property
+    def state(self) -> StoreState:
+        return self.w.state
+
+    @property
+    def git(self) -> GitStore:
+        return self.w.git
+
+    @property
+    def paths(self) -> Paths:
+        return self.w.paths
+
+    @property
+    def touched(self) -> bool:
+        return bool(self._clusters or self._archive or self._shards)
+
+    def touch_cluster(self, cid: str) -> None:
+        self.paths.cluster_file(cid)  # validates the id before anything is written
+        self._clusters.add(cid)
+
+    def touch_archive(self, cid: str) -> None:
+        self.paths.cluster_file(cid, archived=True)
+        self._archive.add(cid)
+
+    def touch_shard(self, name: str) -> None:
+        self.paths.shard_file(name)
+        if name not in self._shards:
+            self._shards[name] = {m.id for m in self.state.unsorted.get(name, [])}
+
+    def commit(self, subject: str, body: str = "", trailers: dict[str, Any] | None = None) -> str | None:
+        """Write every touched file, commit exactly those, publish the change to readers."""
+        w = self.w
+        w.begin_txn(subject)
+        written: list[str] = []
+        for cid in sorted(self._clusters):
+            written.append(self._write_or_remove(cid, archived=False))
+        for cid in sorted(self._archive):
+            written.append(self._write_or_remove(cid, archived=True))
+        changes = Changes()
+        for name, before in sorted(self._shards.items()):
+            mems = self.state.unsorted.get(name, [])
+            path = self.paths.shard_file(name)
+            if mems:
+                write_shard(self.paths, name, mems)
+            else:
+                self.state.unsorted.pop(name, None)
+                path.unlink(missing_ok=True)
+            written.append(str(path.relative_to(self.paths.root)))
+            after = {m.id for m in mems}
+            changes.add_unsorted.extend(m for m in mems if m.id not in before)
+            changes.remove_unsorted.extend(sorted(before - after))
+        for d in DATA_DIRS:
+            fsync_dir(self.paths.root / d)
+        sha = w.git.commit(written, subject, body, trailers)
+        w.end_txn()
+        for cid in sorted(self._clusters):
+            if cid in self.state.clusters:
+                changes.upsert_clusters.append(self.state.clusters[cid])
+            else:
+                changes.remove_clusters.append(cid)
+        changes.archive_changed = bool(self._archive)
+        changes.commit = sha
+        self._clusters, self._archive, self._shards = set(), set(), {}
+        w.publish(changes)
+        return sha
+
+    def _write_or_remove(self, cid: str, archived: bool) -> str:
+        area = self.state.archived if archived else self.state.clusters
+        path = self.paths.cluster_file(cid, archived)
+        if cid in area:
+            write_cluster(self.paths, area[cid], archived)
+        else:
+            path.unlink(missing_ok=True)
+        return str(path.relative_to(self.paths.root))
+
+    def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
+        """git revert one commit, then reload exactly the files it touched."""
+        new = self.w.git.revert(sha, subject, trailers)
+        self.reload_paths(self.w.git.changed_files(new), commit=new)
+        return new
+
+    def reload_paths(self, rel_paths: list[str], commit: str | None = None) -> Changes:
+        """Re-read the given store files from the working tree into the state. Raises
+        StoreError (state unchanged) when a file is broken or ids collide."""
+        w = self.w
+        errors: list[str] = []
+        new_clusters: dict[str, Cluster | None] = {}
+        new_archive: dict[str, Cluster | None] = {}
+        new_shards: dict[str, list[Memory] | None] = {}
+        for rel in rel_paths:
+            p = Path(rel)
+            if len(p.parts) != 2 or p.suffix != ".yaml" or p.parts[0] not in DATA_DIRS:
+                continue
+            full = self.paths.root / p
+            if p.parts[0] == UNSORTED:
+                new_shards[p.stem] = _load_shard(full, errors) if full.exists() else None
+            else:
+                target = new_clusters if p.parts[0] == CLUSTERS else new_archive
+                target[p.stem] = _load_cluster(full, errors) if full.exists() else None
+        if errors:
+            raise StoreError("invalid store files: " + "; ".join(errors[:10]))
+        candidate = StoreState(dict(w.state.clusters), dict(w.state.archived), dict(w.state.unsorted))
+        for area, repl in ((candidate.clusters, new_clusters), (candidate.archived, new_archive)):
+            for k, v in repl.items():
+                if v is None:
+                    area.pop(k, None)
+                else:
+                    area[k] = v  # type: ignore[assignment]
+        for k2, v2 in new_shards.items():
+            if v2 is None:
+                candidate.unsorted.pop(k2, None)
+            else:
+                candidate.unsorted[k2] = v2
+        seen: set[str] = set()
+        for m, area_name, key in candidate.all_memories():
+            if m.id in seen:
+                raise StoreError(f"memory {m.id} appears twice (again in {area_name}/{key})")
+            seen.add(m.id)
+        changes = Changes(commit=commit)
+        for k, v in new_clusters.items():
+            if v is None:
+                changes.remove_clusters.append(k)
+            else:
+                changes.upsert_clusters.append(v)
+        for k2 in new_shards:
+            before = {m.id for m in w.state.unsorted.get(k2, [])}
+            after_list = candidate.unsorted.get(k2, [])
+            after = {m.id for m in after_list}
+            changes.add_unsorted.extend(m for m in after_list if m.id not in before)
+            changes.remove_unsorted.extend(sorted(before - after))
+        changes.archive_changed = bool(new_archive)
+        w.state = candidate
+        w.publish(changes)
+        return changes
+
+    def reload_all(self) -> None:
+        self.w.state = load_state(self.paths.root)
+        self.w.publish(Changes(full=True))
+
+
+class Writer:
+    def __init__(
+        self,
+        root: Path,
+        state: StoreState,
+        git: GitStore,
+        on_change: Callable[[Changes, StoreState], None] | None = None,
+    ) -> None:
+        self.paths = Paths(Path(root))
+        self.state = state
+        self.git = git
+        self.on_change = on_change
+        self._q: queue.Queue[tuple[Callable[..., Any], tuple, dict, Future] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
+        self._stopping = False
+        self.commits = 0
+        self.failures = 0
+        self.last_error = ""
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Run everything already queued, then stop."""
+        if self._thread.is_alive():
+            self._stopping = True
+            self._q.put(None)
+            self._thread.join(timeout)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Future:
+        fut: Future = Future()
+        if self._stopping:
+            fut.set_exception(StoreError("the daemon is shutting down"))
+            return fut
+        self._q.put((fn, args, kw, fut))
+        return fut
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Submit and wait. On the writer thread itself, run inline (no deadlock)."""
+        if threading.current_thread() is self._thread:
+            return fn(WriteContext(self), *args, **kw)
+        return self.submit(fn, *args, **kw).result()
+
+    def pending(self) -> int:
+        return self._q.qsize()
+
+    # -- transaction marker: tells start-up that a change was half-written ----------
+    @property
+    def txn_file(self) -> Path:
+        return self.paths.runtime / "txn"
+
+    def begin_txn(self, what: str) -> None:
+        atomic_write_text(self.txn_file, what.replace("\n", " ") + "\n")
+
+    def end_txn(self) -> None:
+        self.txn_file.unlink(missing_ok=True)
+
+    def publish(self, changes: Changes) -> None:
+        if changes.commit:
+            self.commits += 1
+        if self.on_change is not None and not changes.empty:
+            self.on_change(changes, self.state)
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, args, kw, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            ctx = WriteContext(self)
+            try:
+                result = fn(ctx, *args, **kw)
+            except BaseException as exc:  # noqa: BLE001 - reported through the future
+                self.failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("write operation %s failed: %s", getattr(fn, "__name__", fn), exc)
+                if ctx.touched or self.txn_file.exists():
+                    self._rollback_worktree()
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def _rollback_worktree(self) -> None:
+        try:
+            self.git.reset_paths_to_head(DATA_DIRS)
+            self.end_txn()
+            self.state = load_state(self.paths.root)
+            self.publish(Changes(full=True))
+            log.info("working tree put back to HEAD after a failed operation")
+        except Exception as exc:  # noqa: BLE001
+            log.error("could not restore the working tree: %s", exc)
