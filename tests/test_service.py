@@ -1,0 +1,244 @@
+"""Unit rendering for `clagd install-service`, the shipped units, and `systemd-analyze verify`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clagd.client import default_socket_path
+from clagd.service import (
+    EX_CONFIG,
+    install_service,
+    install_service_command,
+    render_static_units,
+    render_unit,
+    unit_name,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEMD_DIR = REPO / "systemd"
+EXE = [sys.executable, "-m", "clagd"]
+
+
+def keys(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def test_user_unit_for_a_store(tmp_path: Path) -> None:
+    store = tmp_path / "agent-mem"
+    units = render_unit(store, user=True, socket_activation=False, exe="/opt/clagd/bin/clagd")
+    assert list(units) == ["clagd-agent-mem.service"]
+    k = keys(units["clagd-agent-mem.service"])
+    assert k["Type"] == ["notify"]
+    assert k["NotifyAccess"] == ["main"]
+    assert k["ExecStart"] == [f"/opt/clagd/bin/clagd run {store}"]
+    assert f"CLAGD_SOCKET={default_socket_path(store)}" in k["Environment"]
+    assert k["WatchdogSec"] == ["60"]
+    assert k["Restart"] == ["on-failure"]
+    assert k["RestartPreventExitStatus"] == [str(EX_CONFIG)]
+    assert k["KillSignal"] == ["SIGTERM"]
+    assert k["ReadWritePaths"] == [str(store)]
+    for hardening in ("NoNewPrivileges", "PrivateTmp", "LockPersonality"):
+        assert k[hardening] == ["yes"]
+    assert k["ProtectSystem"] == ["strict"]
+    assert k["ProtectHome"] == ["read-only"]
+    assert "AF_UNIX" in k["RestrictAddressFamilies"][0]
+    assert "MemoryDenyWriteExecute" not in k
+    assert k["WantedBy"] == ["default.target"]
+    assert "User" not in k
+
+
+def test_socket_activated_user_units(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    units = render_unit(store, user=True, socket_activation=True, exe=EXE, name="clagd-x")
+    assert set(units) == {"clagd-x.service", "clagd-x.socket"}
+    svc, sock = keys(units["clagd-x.service"]), keys(units["clagd-x.socket"])
+    assert svc["Requires"] == ["clagd-x.socket"]
+    assert sock["ListenStream"] == [str(default_socket_path(store))]
+    assert sock["SocketMode"] == ["0600"]
+    assert sock["WantedBy"] == ["sockets.target"]
+    assert svc["ExecStart"] == [f"{sys.executable} -m clagd run {store}"]
+
+
+def test_system_units_run_as_dedicated_user() -> None:
+    units = render_unit(
+        Path("/var/lib/clagd/agent1"), user=False, socket_activation=True, exe="/usr/bin/clagd"
+    )
+    svc, sock = keys(units["clagd-agent1.service"]), keys(units["clagd-agent1.socket"])
+    assert svc["User"] == ["clagd"] and svc["Group"] == ["clagd"]
+    assert svc["StateDirectory"] == ["clagd/agent1"]
+    assert svc["ProtectHome"] == ["yes"]
+    assert svc["RuntimeDirectory"] == ["clagd"]
+    assert "CLAGD_SOCKET=/run/clagd/agent1.sock" in svc["Environment"]
+    assert sock["ListenStream"] == ["/run/clagd/agent1.sock"]
+    assert sock["SocketUser"] == ["clagd"] and sock["SocketMode"] == ["0660"]
+    assert svc["WantedBy"] == ["multi-user.target"]
+    assert svc["CapabilityBoundingSet"] == [""]
+
+
+def test_awkward_paths_are_escaped(tmp_path: Path) -> None:
+    store = tmp_path / "my 100% $HOME store"
+    units = render_unit(store, user=True, exe=EXE, name="clagd-odd")
+    k = keys(units["clagd-odd.service"])
+    escaped = str(store).replace("%", "%%").replace("$", "$$")
+    assert k["ExecStart"] == [f'{sys.executable} -m clagd run "{escaped}"']
+    assert k["ReadWritePaths"] == [f'"{str(store).replace("%", "%%")}"']
+    env = f'"CLAGD_SOCKET={str(default_socket_path(store)).replace("%", "%%")}"'
+    assert env in k["Environment"]  # Environment= does not expand $: no $$ there
+    assert unit_name(store) == "clagd-my-100-HOME-store"
+
+
+def test_long_store_path_uses_runtime_directory_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4321")
+    store = tmp_path / ("long" * 30)
+    units = render_unit(store, user=True, socket_activation=True, exe=EXE, name="clagd-long")
+    svc, sock = keys(units["clagd-long.service"]), keys(units["clagd-long.socket"])
+    path = default_socket_path(store)
+    assert str(path.parent) == "/run/user/4321/clagd"
+    assert sock["ListenStream"] == [str(path)]
+    assert svc["RuntimeDirectory"] == ["clagd"]
+    assert svc["RuntimeDirectoryPreserve"] == ["yes"]
+
+
+def test_deny_write_execute_opt_in(tmp_path: Path) -> None:
+    units = render_unit(tmp_path / "s", exe=EXE, deny_write_execute=True, name="clagd-s")
+    assert keys(units["clagd-s.service"])["MemoryDenyWriteExecute"] == ["yes"]
+
+
+def test_install_service_writes_units_and_says_what_next(tmp_path: Path) -> None:
+    store = tmp_path / "mem"
+    dest = tmp_path / "units"
+    written, command = install_service(store, user=True, dest=dest, exe=EXE)
+    assert written == [dest / "clagd-mem.service"]
+    assert written[0].read_text() == render_unit(store, exe=EXE)["clagd-mem.service"]
+    assert store.is_dir()  # ReadWritePaths= needs it
+    assert command == (
+        "systemctl --user daemon-reload && systemctl --user enable --now clagd-mem.service"
+    )
+    written, command = install_service(
+        store, user=False, dest=dest, socket_activation=True, exe=EXE
+    )
+    assert sorted(p.name for p in written) == ["clagd-mem.service", "clagd-mem.socket"]
+    assert command.endswith("sudo systemctl enable --now clagd-mem.socket")
+
+
+def test_install_service_command_prints(tmp_path: Path) -> None:
+    lines: list[str] = []
+    written = install_service_command(tmp_path / "m", True, tmp_path / "u", lines.append, exe=EXE)
+    assert lines[0] == f"wrote {written[0]}"
+    assert "systemctl --user enable --now clagd-m.service" in "\n".join(lines)
+
+
+def test_install_service_default_destination(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    written, _ = install_service(tmp_path / "m", exe=EXE)
+    assert written == [tmp_path / "cfg" / "systemd" / "user" / "clagd-m.service"]
+
+
+def test_shipped_units_match_the_renderer() -> None:
+    """systemd/ is generated: `python -m clagd.service --write-static systemd`."""
+    expected = render_static_units()
+    shipped = {
+        str(p.relative_to(SYSTEMD_DIR)): p.read_text()
+        for p in SYSTEMD_DIR.rglob("*")
+        if p.is_file()
+    }
+    assert shipped == expected
+
+
+# --------------------------------------------------------------------------- systemd-analyze
+
+
+def _analyze(tmp_path: Path, files: dict[str, str], user: bool, names: list[str]) -> None:
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    unit_dir = tmp_path / ("user" if user else "system")
+    unit_dir.mkdir(parents=True)
+    for name, text in files.items():
+        (unit_dir / name).write_text(text)
+    env = dict(os.environ)
+    if user:
+        runtime = tmp_path / "xdg"
+        runtime.mkdir(mode=0o700)
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+    cmd = [tool, *(["--user"] if user else []), "verify", *(f"./{n}" for n in names)]
+    proc = subprocess.run(cmd, cwd=unit_dir, env=env, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    if "Failed to initialize manager" in out or "Failed to lookup RuntimeDirectory" in out:
+        pytest.skip(f"systemd-analyze cannot run here: {out.strip()}")
+    # warnings (unknown keys, bad values) do not change the exit code: no output is the bar
+    assert proc.returncode == 0 and out.strip() == "", out
+
+
+def test_verify_rendered_user_units(tmp_path: Path) -> None:
+    units = render_unit(tmp_path / "store", user=True, socket_activation=True, exe=EXE)
+    _analyze(tmp_path, units, user=True, names=sorted(units))
+
+
+def test_verify_rendered_system_units(tmp_path: Path) -> None:
+    units = render_unit(Path("/var/lib/clagd/agent1"), user=False, socket_activation=True, exe=EXE)
+    _analyze(tmp_path, units, user=False, names=sorted(units))
+
+
+def test_verify_rendered_units_with_awkward_path(tmp_path: Path) -> None:
+    units = render_unit(tmp_path / "a 100% $odd store", user=True, exe=EXE, name="clagd-odd")
+    _analyze(tmp_path, units, user=True, names=sorted(units))
+
+
+def test_verify_parses_an_awkward_executable_path(tmp_path: Path) -> None:
+    """verify checks that ExecStart's program exists: proof that the quoting round-trips."""
+    bindir = tmp_path / "bin dir 50% $x"
+    bindir.mkdir()
+    exe = bindir / "clagd"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    units = render_unit(tmp_path / "st $y", user=True, exe=str(exe), name="clagd-st")
+    _analyze(tmp_path / "one", units, user=True, names=sorted(units))
+    exe.unlink()
+    with pytest.raises(AssertionError, match="is not executable"):
+        _analyze(tmp_path / "two", units, user=True, names=sorted(units))
+
+
+def _static(kind: str) -> dict[str, str]:
+    # The shipped units name the usual install locations of the script; verify checks that
+    # ExecStart is executable, so point it at this interpreter's clagd instead.
+    real = " ".join(EXE)
+    out = {}
+    for rel, text in render_static_units(exe_user=real, exe_system=real).items():
+        folder, _, name = rel.partition("/")
+        if folder == kind and not name.endswith(".conf"):
+            out[name] = text
+    return out
+
+
+def test_verify_shipped_user_units(tmp_path: Path) -> None:
+    _analyze(
+        tmp_path,
+        _static("user"),
+        user=True,
+        names=["clagd.service", "clagd.socket", "clagd@agent1.service", "clagd@agent1.socket"],
+    )
+
+
+def test_verify_shipped_system_units(tmp_path: Path) -> None:
+    _analyze(
+        tmp_path,
+        _static("system"),
+        user=False,
+        names=["clagd@agent1.service", "clagd@agent1.socket"],
+    )
