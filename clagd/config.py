@@ -71,7 +71,7 @@ class RetrievalConfig:
     token_budget: int = 400
     top_clusters: int = 4
     cluster_weight: float = 0.5
-    neighbor_weight: float = 0.0
+    neighbor_weight: float = 0.3  # tuned on LoCoMo dev (docs/retrieval.md)
     k1: float = 1.2
     b: float = 0.75
     idf: str = "lucene"  # lucene: log(1 + (N - df + .5) / (df + .5)), never <= 0 | okapi

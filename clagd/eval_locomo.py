@@ -267,7 +267,9 @@ def run_eval(
             full = estimate_tokens("\n".join(c for _, c in mems))
             ids = [mid for mid, _ in mems]
             contents = [c for _, c in mems]
-            flat = BM25Okapi([tokenize(c) for c in contents])
+            # same tokenizer and the same k1, b as clagd: only the organization differs
+            rc = config.retrieval
+            flat = BM25Okapi([tokenize(c) for c in contents], k1=rc.k1, b=rc.b)
             recent_ids = [mid for mid, _ in mems][-kmax:][::-1]
             recent_tokens = estimate_tokens(_plain_context([c for _, c in mems][-kmax:]))
 

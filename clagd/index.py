@@ -162,10 +162,14 @@ class Index:
         self._len = _EMPTY_F
         self._alive = np.zeros(0, dtype=bool)
         self._group = _EMPTY_I  # cluster slot, -1 = unsorted
+        self._unsorted = np.zeros(0, dtype=bool)
         self._prev = _EMPTY_I  # temporal neighbours inside the cluster, -1 = none
         self._next = _EMPTY_I
         self._ts = np.zeros(0, dtype=np.float64)
         self._imp = _EMPTY_F
+        self._tok = _EMPTY_I  # estimated tokens of each memory's content
+        self._dn = _EMPTY_F
+        self._c_dn = _EMPTY_F
         self._post = _Postings()
         self._slot_of: dict[str, int] = {}
         self._n_alive = 0
@@ -366,6 +370,11 @@ class Index:
         new._cslot_of = cslot_of
         new._c_total_len = c_total_len
         new._link_supersedes()
+        new._unsorted = new._group < 0
+        new._length_norms()
+        new._tok = np.concatenate(
+            (self._tok, np.asarray([estimate_tokens(m.content) for m in mems], dtype=np.int32))
+        )
 
         dead = len(new._mems) - new._n_alive
         if dead > max(1024, new._n_alive):
@@ -393,33 +402,37 @@ class Index:
 
     # ------------------------------------------------------------------ scoring
     def _bm25(
-        self,
-        q: list[str],
-        post: _Postings,
-        alive: np.ndarray,
-        lens: np.ndarray,
-        n_docs: int,
-        avgdl: float,
+        self, q: list[str], post: _Postings, alive: np.ndarray, dn: np.ndarray, n_docs: int
     ) -> np.ndarray:
+        """BM25 of every slot; `dn` is k1 * (1 - b + b * len / avgdl) per slot."""
         scores = np.zeros(len(alive), dtype=np.float32)
-        if n_docs == 0 or avgdl <= 0:
+        if n_docs == 0:
             return scores
-        k1, b = self.cfg.k1, self.cfg.b
+        k1p = self.cfg.k1 + 1.0
         mode = self.cfg.idf
-        norm = k1 * (1.0 - b)
-        bl = k1 * b / avgdl
+        all_alive = n_docs == len(alive)
         for term in q:
             entry = post.terms.get(term)
             if entry is None:
                 continue
             slots, tf = entry
-            df = int(np.count_nonzero(alive[slots]))
+            df = len(slots) if all_alive else int(np.count_nonzero(alive[slots]))
             if df == 0:
                 continue
-            w = float(idf(n_docs, df, mode))
-            scores[slots] += w * tf * (k1 + 1.0) / (tf + norm + bl * lens[slots])
-        scores[~alive] = 0.0
+            w = float(idf(n_docs, df, mode)) * k1p
+            scores[slots] += w * tf / (tf + dn[slots])
+        if not all_alive:
+            scores[~alive] = 0.0
         return scores
+
+    def _length_norms(self) -> None:
+        k1, b = self.cfg.k1, self.cfg.b
+        n = self._n_alive
+        avgdl = self._total_len / n if n and self._total_len > 0 else 1.0
+        self._dn = (k1 * (1.0 - b + b * self._len / avgdl)).astype(np.float32)
+        nc = len(self._cslot_of)
+        c_avg = self._c_total_len / nc if nc and self._c_total_len > 0 else 1.0
+        self._c_dn = (k1 * (1.0 - b + b * self._c_len / c_avg)).astype(np.float32)
 
     def memory_scores(self, text: str) -> dict[str, float]:
         """Plain BM25 of every live memory with global IDF (for tests and diagnostics)."""
@@ -427,17 +440,14 @@ class Index:
         return {m: float(s[slot]) for m, slot in self._slot_of.items()}
 
     def _mem_bm25(self, q: list[str]) -> np.ndarray:
-        avgdl = self._total_len / self._n_alive if self._n_alive else 0.0
-        return self._bm25(q, self._post, self._alive, self._len, self._n_alive, avgdl)
+        return self._bm25(q, self._post, self._alive, self._dn, self._n_alive)
 
     def _cluster_bm25(self, q: list[str]) -> np.ndarray:
-        n = len(self._cslot_of)
-        avgdl = self._c_total_len / n if n else 0.0
-        return self._bm25(q, self._cpost, self._c_alive, self._c_len, n, avgdl)
+        return self._bm25(q, self._cpost, self._c_alive, self._c_dn, len(self._cslot_of))
 
     def _rank(
         self, q: list[str], limit: int, now: float | None
-    ) -> tuple[list[Hit], list[tuple[str, str, float]]]:
+    ) -> tuple[list[tuple[Hit, int]], list[tuple[str, str, float]]]:
         if not q or self._n_alive == 0:
             return [], []
         cfg = self.cfg
@@ -464,10 +474,16 @@ class Index:
         score = sn.copy()
         if cfg.cluster_weight:
             score += cfg.cluster_weight * c_norm[self._group]
+        # eligible: own lexical evidence, or a matching neighbour inside a chosen cluster
+        evidence = s > 0
         if cfg.neighbor_weight:
             pad = np.append(sn, np.float32(0.0))
-            score += cfg.neighbor_weight * np.maximum(pad[self._prev], pad[self._next])
-        eligible = self._alive & np.where(self._group < 0, s > 0, selected[self._group])
+            nb = np.maximum(pad[self._prev], pad[self._next])
+            score += cfg.neighbor_weight * nb
+            evidence |= nb > 0
+        eligible = evidence & (self._unsorted | selected[self._group])
+        if self._n_alive != len(eligible):
+            eligible &= self._alive
         if cfg.use_freshness:
             score = score * self._quality(now)
         if len(self._sup_old):
@@ -485,14 +501,11 @@ class Index:
         for slot in nz.tolist():
             g = int(self._group[slot])
             c = self._clusters[g] if g >= 0 else None
-            hits.append(
-                Hit(
-                    self._mems[slot],
-                    c.id if c else None,
-                    (c.name or c.id) if c else UNSORTED_NAME,
-                    float(score[slot]),
-                )
-            )
+            name = (c.name or c.id) if c else UNSORTED_NAME
+            hit = Hit(self._mems[slot], c.id if c else None, name, float(score[slot]))
+            # conservative: the estimate of a joined context never exceeds the sum of these
+            cost = int(self._tok[slot]) + estimate_tokens(f"[Memory · {name}]") + 1
+            hits.append((hit, cost))
         return hits, chosen
 
     def _quality(self, now: float | None) -> np.ndarray:
@@ -528,19 +541,18 @@ class Index:
             return SearchResult()
         q = self._tokens(text)
         ts = now.timestamp() if now is not None else None
-        limit = k * 3 + 8
+        limit = k if budget <= 0 and archive is None else k * 3 + 8
         hits, chosen = self._rank(q, limit, ts)
         if archive is not None:
             a_hits, a_chosen = archive._rank(q, limit, ts)
-            hits = sorted(hits + a_hits, key=lambda h: -h.score)
+            hits = sorted(hits + a_hits, key=lambda hc: -hc[0].score)
             chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
         out: list[Hit] = []
         seen: set[str] = set()
         used = 0
-        for h in hits:
+        for h, cost in hits:
             if h.memory.id in seen:
                 continue
-            cost = estimate_tokens(_line(h))
             if budget > 0 and used + cost > budget:
                 continue
             seen.add(h.memory.id)

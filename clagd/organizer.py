@@ -275,13 +275,13 @@ def _describe(
     members: list[Memory], corpus: _Corpus, taken: set[str]
 ) -> tuple[str, str, list[str]]:
     """Name (2-5 distinctive words, distinct from `taken`), one-sentence description, tags."""
-    total: Counter[str] = Counter()
+    cover: Counter[str] = Counter()
     for m in members:
-        total.update(corpus.tf.get(m.id, ()))
-    # distinctive: frequent here, rare in the store; numbers make poor names
+        cover.update(corpus.tf.get(m.id, {}).keys())
+    # distinctive: in many of the members, rare in the store; numbers make poor names
     ranked = sorted(
-        (t for t in total if not t.isdigit() and len(t) > 1),
-        key=lambda t: (-(1.0 + math.log(total[t])) * corpus.idf.get(t, 1.0) ** 2, t),
+        (t for t in cover if not t.isdigit() and len(t) > 1),
+        key=lambda t: (-cover[t] * corpus.idf.get(t, 1.0) ** 2, t),
     )
     contents = [m.content for m in members]
     surface = [corpus.surface_word(t, contents) for t in ranked[:8]]

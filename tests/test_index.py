@@ -1,0 +1,277 @@
+import random
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+from rank_bm25 import BM25Okapi
+
+from clagd.config import Config, IngestConfig, RetrievalConfig
+from clagd.index import Index
+from clagd.model import Cluster, Memory
+from clagd.text import tokenize
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def mem(text: str, i: int = 0, **meta) -> Memory:
+    at = (T0 + timedelta(minutes=i)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Memory.new(text, created_at=at, metadata=meta)
+
+
+def cluster(cid: str, name: str, texts: list[str], **kw) -> Cluster:
+    return Cluster(cid, name, memories=[mem(t, i) for i, t in enumerate(texts)], **kw)
+
+
+HIKING = cluster(
+    "c-00000001",
+    "Hiking Trips",
+    ["I love hiking in the mountains", "New hiking boots arrived", "Rain ruined the hike"],
+)
+COOKING = cluster(
+    "c-00000002",
+    "Cooking Recipes",
+    ["Lasagna recipe uses ricotta", "Baked bread with rye flour", "Tomato soup for dinner"],
+)
+
+
+def test_one_cluster_of_three_memories_scores_positive():
+    ix = Index.build({HIKING.id: HIKING}, [])
+    res = ix.search("hiking boots")
+    assert res.memories, "a tiny store must still find its matches"
+    assert res.memories[0].memory.content == "New hiking boots arrived"
+    assert all(h.score > 0 for h in res.memories)
+    assert res.clusters[0][:2] == (HIKING.id, "Hiking Trips")
+    # "hiking" and "hike" share a stem: in all 3 documents, where rank-bm25's IDF is < 0
+    scores = ix.memory_scores("hiking")
+    assert sum(s > 0 for s in scores.values()) == 3
+
+
+def test_two_clusters_pick_the_right_one():
+    ix = Index.build({c.id: c for c in (HIKING, COOKING)}, [])
+    res = ix.search("ricotta lasagna", max_memories=3)
+    assert res.memories[0].memory.content == "Lasagna recipe uses ricotta"
+    assert res.memories[0].cluster_name == "Cooking Recipes"
+    assert {h.cluster_id for h in res.memories} == {COOKING.id}
+    assert res.clusters[0][0] == COOKING.id
+
+
+def test_empty_store_and_stopword_query_give_empty_results():
+    empty = Index.build({}, [])
+    res = empty.search("anything at all")
+    assert res.memories == [] and res.context == "" and res.tokens == 0
+    assert empty.route(mem("hiking")) is None
+    ix = Index.build({HIKING.id: HIKING}, [mem("unsorted note about hiking", 9)])
+    assert ix.search("the and of what is it").memories == []
+    assert ix.search("").memories == []
+    assert ix.search("zebra quantum").memories == []
+
+
+def test_unsorted_area_is_always_searched():
+    ix = Index.build({c.id: c for c in (HIKING, COOKING)}, [mem("Paid the electricity bill", 5)])
+    res = ix.search("electricity bill")
+    assert res.memories[0].cluster_id is None
+    assert res.memories[0].cluster_name == "unsorted"
+    assert "[Memory · unsorted] Paid the electricity bill" in res.context
+
+
+def test_to_dict_has_the_protocol_shape():
+    ix = Index.build({HIKING.id: HIKING}, [])
+    d = ix.search("hiking").to_dict()
+    assert set(d) == {"memories", "clusters", "context", "tokens"}
+    assert set(d["memories"][0]) == {
+        "id",
+        "content",
+        "cluster_id",
+        "cluster_name",
+        "score",
+        "created_at",
+        "metadata",
+    }
+    assert set(d["clusters"][0]) == {"id", "name", "score"}
+    assert d["context"].startswith("[Memory · Hiking Trips] ")
+
+
+def _random_store(seed: int, n_clusters: int = 6, per: int = 8, n_unsorted: int = 10):
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(120)]
+    clusters = {}
+    k = 0
+    for c in range(n_clusters):
+        texts = [
+            " ".join(rng.choices(vocab, k=rng.randint(3, 12))) + f" u{k + i}" for i in range(per)
+        ]
+        k += per
+        cid = f"c-{c:08x}"
+        clusters[cid] = cluster(cid, f"Topic {c} notes", texts)
+    unsorted = [mem(" ".join(rng.choices(vocab, k=6)) + f" x{i}", i) for i in range(n_unsorted)]
+    return clusters, unsorted, vocab, rng
+
+
+def _same(a: Index, b: Index, queries: list[str]) -> None:
+    assert len(a) == len(b) and a.n_clusters == b.n_clusters
+    for q in queries:
+        sa = a.memory_scores(q)
+        sb = b.memory_scores(q)
+        assert sa.keys() == sb.keys()
+        for mid in sa:
+            assert sa[mid] == pytest.approx(sb[mid], rel=1e-5, abs=1e-6)
+        ra, rb = a.search(q, max_memories=7), b.search(q, max_memories=7)
+        assert [h.memory.id for h in ra.memories] == [h.memory.id for h in rb.memories]
+        assert [h.score for h in ra.memories] == pytest.approx([h.score for h in rb.memories])
+        assert ra.context == rb.context
+
+
+def test_incremental_apply_equals_full_rebuild():
+    clusters, unsorted, vocab, rng = _random_store(1)
+    ix = Index.build(clusters, unsorted)
+    cids = sorted(clusters)
+    # a session: one cluster removed, one changed (takes two unsorted memories), new unsorted
+    gone = cids[0]
+    changed = clusters[cids[1]]
+    moved = unsorted[:2]
+    changed2 = Cluster(changed.id, "Renamed topic", memories=changed.memories[2:] + moved)
+    added = [mem("fresh note " + " ".join(rng.choices(vocab, k=5)), 99)]
+    inc = ix.apply(
+        upsert_clusters=[changed2],
+        remove_clusters=[gone],
+        add_unsorted=added,
+        remove_unsorted=[m.id for m in moved],
+    )
+    final = {cid: c for cid, c in clusters.items() if cid != gone}
+    final[changed2.id] = changed2
+    full = Index.build(final, unsorted[2:] + added)
+    queries = [" ".join(rng.choices(vocab, k=3)) for _ in range(25)] + ["renamed topic w3"]
+    _same(inc, full, queries)
+    # the old snapshot is untouched
+    _same(ix, Index.build(clusters, unsorted), queries[:5])
+
+
+def test_compaction_keeps_results():
+    clusters, unsorted, vocab, rng = _random_store(2, n_clusters=3, per=5, n_unsorted=1200)
+    ix = Index.build(clusters, unsorted)
+    ix2 = ix.apply(remove_unsorted=[m.id for m in unsorted[:1100]])
+    assert len(ix2._mems) == len(ix2)  # dead slots outnumbered live ones: compacted
+    full = Index.build(clusters, unsorted[1100:])
+    _same(ix2, full, [" ".join(rng.choices(vocab, k=3)) for _ in range(10)])
+
+
+def test_memory_idf_comes_from_the_whole_store():
+    # "rare" is in 1 of 3 memories of the cluster but in 40 unsorted memories
+    c = cluster("c-000000aa", "Misc Notes", ["rare word here", "other text", "more text"])
+    unsorted = [mem(f"rare filler {i}", i) for i in range(40)]
+    unsorted += [mem(f"different stuff {i}", i) for i in range(40)]
+    ix = Index.build({c.id: c}, unsorted)
+    alone = Index.build({c.id: c}, [])
+    mid = c.memories[0].id
+    assert ix.memory_scores("rare")[mid] < alone.memory_scores("rare")[mid]
+    n, df = 83, 41
+    idf = np.log1p((n - df + 0.5) / (df + 0.5))
+    assert ix.memory_scores("rare")[mid] > 0
+    k1, b = 1.2, 0.75
+    avgdl = sum(len(tokenize(m.content)) for m in [*c.memories, *unsorted]) / n
+    dl = len(tokenize("rare word here"))
+    expect = idf * (k1 + 1) / (1 + k1 * (1 - b + b * dl / avgdl))
+    assert ix.memory_scores("rare")[mid] == pytest.approx(expect, rel=1e-5)
+
+
+def test_bm25_matches_rank_bm25_okapi_on_a_mid_size_corpus():
+    rng = random.Random(7)
+    vocab = [f"term{i}" for i in range(400)]
+    weights = [1.0 / (i + 1) for i in range(len(vocab))]
+    texts = [
+        " ".join(rng.choices(vocab, weights=weights, k=rng.randint(5, 30))) for _ in range(300)
+    ]
+    texts = list(dict.fromkeys(texts))
+    mems = [mem(t, i) for i, t in enumerate(texts)]
+    ix = Index.build({}, mems, RetrievalConfig(idf="okapi"))
+    okapi = BM25Okapi([tokenize(t) for t in texts], k1=1.2, b=0.75)
+    checked = 0
+    for q in ["term5 term17 term80", "term40 term41", "term150 term3 term3 term399"]:
+        toks = tokenize(q)
+        df = {t: sum(1 for d in okapi.doc_freqs if t in d) for t in toks}
+        assert all(0 < d < len(texts) / 2 for d in df.values())  # no IDF floor
+        ours = ix.memory_scores(q)
+        theirs = okapi.get_scores(toks)
+        for m, s in zip(mems, theirs):
+            assert ours[m.id] == pytest.approx(s, rel=1e-4, abs=1e-5)
+            checked += 1
+    assert checked == 3 * len(texts)
+
+
+def test_superseded_memory_ranks_below_its_successor():
+    old = mem("My phone number is 555 0100, call my phone number", 1)
+    new = mem("My phone number changed to 555 0199", 2)
+    c = Cluster("c-000000bb", "Contact Details", memories=[old, new], supersedes={new.id: old.id})
+    res = Index.build({c.id: c}, []).search("phone number")
+    assert [h.memory.id for h in res.memories[:2]] == [new.id, old.id]
+    plain = Cluster("c-000000bb", "Contact Details", memories=[old, new])
+    res2 = Index.build({plain.id: plain}, []).search("phone number")
+    assert res2.memories[0].memory.id == old.id  # without the link the old one wins
+
+
+def test_archive_results_are_merged_on_request():
+    hot = Index.build({HIKING.id: HIKING}, [])
+    cold_cluster = cluster("c-000000cc", "Old Garden Notes", ["Planted tulip bulbs in autumn"])
+    cold = Index.build({cold_cluster.id: cold_cluster}, [])
+    assert hot.search("tulip bulbs").memories == []
+    res = hot.search("tulip bulbs hiking", max_memories=5, archive=cold)
+    names = {h.cluster_name for h in res.memories}
+    assert names == {"Old Garden Notes", "Hiking Trips"}
+    assert cold_cluster.id in {c[0] for c in res.clusters}
+
+
+def test_token_budget_cuts_the_context():
+    texts = [f"hiking story number {i} " + "with many extra words " * 8 for i in range(10)]
+    c = cluster("c-000000dd", "Hiking Stories", texts)
+    ix = Index.build({c.id: c}, [])
+    full = ix.search("hiking story", max_memories=10, token_budget=0)
+    assert len(full.memories) == 10
+    cut = ix.search("hiking story", max_memories=10, token_budget=150)
+    assert 0 < len(cut.memories) < 10
+    assert cut.tokens <= 150
+    assert [h.memory.id for h in cut.memories] == [h.memory.id for h in full.memories][
+        : len(cut.memories)
+    ]
+    assert ix.search("hiking story", max_memories=10).tokens <= RetrievalConfig().token_budget
+    assert len(ix.search("hiking story").memories) == RetrievalConfig().max_memories
+
+
+def test_route_needs_a_clear_winner():
+    loose = IngestConfig(route_min_score=2.0, route_margin=1.0)
+    ix = Index.build({c.id: c for c in (HIKING, COOKING)}, [], Config().retrieval, loose)
+    strong = mem("hiking boots for the mountains hike, more hiking in rain", 9)
+    assert ix.route(strong) == HIKING.id
+    assert ix.route(mem("bought a new car", 9)) is None
+    strict = Index.build(
+        {c.id: c for c in (HIKING, COOKING)},
+        [],
+        RetrievalConfig(),
+        IngestConfig(route_min_score=1000.0),
+    )
+    assert strict.route(strong) is None
+
+
+def test_freshness_and_confidence_only_when_enabled():
+    a = Memory.new("project deadline moved", "2020-01-01T00:00:00Z", {"importance": 0.1})
+    b = Memory.new("project deadline set", "2024-01-01T00:00:00Z", {"importance": 0.9})
+    now = datetime(2024, 1, 2, tzinfo=timezone.utc)
+    off = Index.build({}, [a, b]).search("project deadline moved set", now=now)
+    on = Index.build(
+        {}, [a, b], RetrievalConfig(use_freshness=True, freshness_weight=0.5, confidence_weight=0.5)
+    )
+    ranked = on.search("project deadline", now=now)
+    assert ranked.memories[0].memory.id == b.id
+    assert len(off.memories) == 2
+
+
+def test_context_is_grouped_by_cluster():
+    ix = Index.build(
+        {c.id: c for c in (HIKING, COOKING)},
+        [],
+        RetrievalConfig(cluster_weight=0.0, neighbor_weight=0.0),
+    )
+    res = ix.search("hiking rain bread rye tomato", max_memories=6)
+    names = [line.split("]")[0] for line in res.context.splitlines()]
+    # each cluster's lines are contiguous
+    assert names == sorted(names, key=names.index)
+    assert len(set(names)) == 2
