@@ -13,6 +13,7 @@ the store sees content and created_at, nothing the dataset adds (no dia_id, no s
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import sys
@@ -134,17 +135,27 @@ class InProcessPipeline:
 
 
 class EnginePipeline:
-    """The real thing: a fresh store, the engine's ingest, recluster and query."""
+    """The real thing: a fresh store, the engine's ingest, one clustering session, the
+    engine's query (the path the socket serves)."""
 
     def __init__(self, config: Config, backend: str = "none") -> None:
         from .engine import Engine
+        from .session import engine_session_runner
+        from .slm import BackendManager
+        from .store import init_store
 
         self._tmp = tempfile.TemporaryDirectory(prefix="clagd-eval-")
         self.backend = backend
-        self.engine = Engine(Path(self._tmp.name) / "store", config, start=True)
+        self.config = copy.deepcopy(config)
+        self.config.backend.kind = backend
+        root, _ = init_store(Path(self._tmp.name) / "store")
+        self.engine = Engine(root, self.config, start=True)
+        self.engine.session_runner = engine_session_runner(BackendManager(self.config))
 
     def ingest(self, turns: list[Turn]) -> None:
         self.engine.add([{"content": t.content, "created_at": t.created_at} for t in turns])
+        # one clustering pass over the whole conversation
+        self.config.session.sample_size = max(self.config.session.sample_size, len(turns))
         self.engine.recluster(trigger="eval", backend=self.backend)
 
     def query(self, text: str, k: int) -> dict[str, Any]:
@@ -206,13 +217,16 @@ class _Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.done, self.enabled = total, 0, enabled and total > 0
         self.label = ""
+        self._shown = -1.0
 
     def step(self, n: int = 1, label: str | None = None) -> None:
         self.done += n
         if label is not None:
             self.label = label
-        if not self.enabled:
+        now = time.monotonic()
+        if not self.enabled or (now - self._shown < 0.1 and self.done < self.total):
             return
+        self._shown = now
         width = 30
         filled = int(width * self.done / self.total)
         sys.stderr.write(

@@ -30,6 +30,19 @@ Vec = dict[str, float]
 _WINDOW = 4  # memories on each side when measuring cohesion across a possible boundary
 _JOIN_SIMILARITY = 0.15  # an episode joins the cluster it continues only if this similar
 _NAME_WORDS = 3
+# words too common in conversation to name anything (stems, as the tokenizer gives them)
+_GENERIC = frozenset(
+    tokenize(
+        """first next last really currently tomorrow today yesterday tonight wait thanks thank
+        great good nice cool awesome amazing wow sure yes okay ok hey hi hello lot lots thing
+        things stuff something anything everything time times day days week weeks month
+        months year years always never ever still even much many way ways kind sort feel
+        feeling glad happy sound sounds look looks know think got get getting make made
+        going go went come came see seen saw said say tell told want wanted like love
+        definitely totally absolutely probably maybe actually pretty super well back new
+        old big little long keep kept take took mean means fun"""
+    )
+)
 
 
 def _ts(m: Memory) -> float:
@@ -279,9 +292,15 @@ def _describe(
     for m in members:
         cover.update(corpus.tf.get(m.id, {}).keys())
     # distinctive: in many of the members, rare in the store; numbers make poor names
+    shared = len(members) > 2
     ranked = sorted(
-        (t for t in cover if not t.isdigit() and len(t) > 1),
-        key=lambda t: (-cover[t] * corpus.idf.get(t, 1.0) ** 2, t),
+        (t for t in cover if not t.isdigit() and len(t) > 2 and t not in _GENERIC),
+        # words several members share make better names than one rare word
+        key=lambda t: (
+            -(cover[t] >= 2 if shared else 1),
+            -cover[t] * corpus.idf.get(t, 1.0) ** 2,
+            t,
+        ),
     )
     contents = [m.content for m in members]
     surface = [corpus.surface_word(t, contents) for t in ranked[:8]]
