@@ -60,8 +60,18 @@ class _Group(click.Group):
 
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="clagd")
-@click.option("--store", envvar="CLAGD_STORE", type=click.Path(file_okay=False), help="Store folder (env CLAGD_STORE; default ./memory).")
-@click.option("--socket", envvar="CLAGD_SOCKET", type=click.Path(), help="Daemon socket (env CLAGD_SOCKET; default from the store).")
+@click.option(
+    "--store",
+    envvar="CLAGD_STORE",
+    type=click.Path(file_okay=False),
+    help="Store folder (env CLAGD_STORE; default ./memory).",
+)
+@click.option(
+    "--socket",
+    envvar="CLAGD_SOCKET",
+    type=click.Path(),
+    help="Daemon socket (env CLAGD_SOCKET; default from the store).",
+)
 @click.pass_context
 def main(ctx: click.Context, store: str | None, socket: str | None) -> None:
     """clagd: a git-versioned memory daemon for small-language-model agents."""
@@ -99,7 +109,9 @@ def run(c: Ctx, path: str | None, log_level: str) -> None:
 @click.option("--created-at", help="ISO 8601 time (default: now)")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
-def add(c: Ctx, content: str | None, meta: tuple[str, ...], created_at: str | None, as_json: bool) -> None:
+def add(
+    c: Ctx, content: str | None, meta: tuple[str, ...], created_at: str | None, as_json: bool
+) -> None:
     """Store one memory (CONTENT, or standard input)."""
     if content is None or content == "-":
         content = sys.stdin.read()
@@ -128,10 +140,23 @@ def add(c: Ctx, content: str | None, meta: tuple[str, ...], created_at: str | No
 @click.option("--archive", "include_archive", is_flag=True, help="also search archived clusters")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
-def query(c: Ctx, text: str, max_memories: int | None, token_budget: int | None, include_archive: bool, as_json: bool) -> None:
+def query(
+    c: Ctx,
+    text: str,
+    max_memories: int | None,
+    token_budget: int | None,
+    include_archive: bool,
+    as_json: bool,
+) -> None:
     """Relevant memories for TEXT, as a context block."""
     with c.client() as cl:
-        res = cl.call("query", text=text, max_memories=max_memories, token_budget=token_budget, include_archive=include_archive or None)
+        res = cl.call(
+            "query",
+            text=text,
+            max_memories=max_memories,
+            token_budget=token_budget,
+            include_archive=include_archive or None,
+        )
     _emit(res, as_json, res["context"] or "(no relevant memories)")
 
 
@@ -194,7 +219,9 @@ def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
         extra = " ".join(
             f"{k}={e[k]}" for k in ("session", "status", "trigger", "backend") if e.get(k)
         )
-        rows.append(f"{e['commit'][:10]} {e['date'][:19]} {e['kind']:<8} {e['subject']}{'  ' + extra if extra else ''}")
+        rows.append(
+            f"{e['commit'][:10]} {e['date'][:19]} {e['kind']:<8} {e['subject']}{'  ' + extra if extra else ''}"
+        )
     _emit(res, as_json, "\n".join(rows) or "(no history)")
 
 
@@ -206,7 +233,11 @@ def revert(c: Ctx, ref: str, as_json: bool) -> None:
     """Undo a commit or a whole clustering session (git revert)."""
     with c.client() as cl:
         res = cl.revert(ref)
-    _emit(res, as_json, f"reverted {', '.join(s[:10] for s in res['reverted'])}; head {res['head'][:10]}")
+    _emit(
+        res,
+        as_json,
+        f"reverted {', '.join(s[:10] for s in res['reverted'])}; head {res['head'][:10]}",
+    )
 
 
 @main.command()
@@ -232,7 +263,12 @@ def archive(c: Ctx, dry_run: bool, as_json: bool) -> None:
     with c.client() as cl:
         res = cl.archive(dry_run=dry_run)
     verb = "would archive" if dry_run else "archived"
-    _emit(res, as_json, f"{verb} {len(res['clusters'])} cluster(s)" + "".join(f"\n  {i}  {n}" for i, n in zip(res["clusters"], res["names"])))
+    _emit(
+        res,
+        as_json,
+        f"{verb} {len(res['clusters'])} cluster(s)"
+        + "".join(f"\n  {i}  {n}" for i, n in zip(res["clusters"], res["names"])),
+    )
 
 
 @main.group()
@@ -243,7 +279,12 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
 @eval.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--k", "ks", default="5,10", show_default=True, help="cut-offs, comma-separated")
-@click.option("--backend", type=click.Choice(["none", "ollama", "llamacpp"]), default="none", show_default=True)
+@click.option(
+    "--backend",
+    type=click.Choice(["none", "ollama", "llamacpp"]),
+    default="none",
+    show_default=True,
+)
 @click.option("--json", "as_json", is_flag=True)
 def locomo(file: str, ks: str, backend: str, as_json: bool) -> None:
     """Evidence recall of clagd vs flat BM25 and recency on a LoCoMo-format FILE."""

@@ -100,7 +100,7 @@ class InboxConfig:
     max_file_bytes: int = 1_048_576
     max_items_per_file: int = 10_000
     debounce_seconds: float = 0.3
-    settle_seconds: float = 0.2
+    settle_seconds: float = 1.0
     rescan_seconds: float = 2.0
     observer: str = "auto"  # auto | inotify | polling
     max_batch: int = 5000

@@ -48,7 +48,9 @@ class StoreLock:
             except OSError:
                 other = "?"
             os.close(fd)
-            raise StoreLocked(f"another clagd daemon (pid {other or '?'}) is running on this store") from None
+            raise StoreLocked(
+                f"another clagd daemon (pid {other or '?'}) is running on this store"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
@@ -63,7 +65,9 @@ class StoreLock:
 
 
 class Daemon:
-    def __init__(self, store: Path, socket_path: Path | None = None, config: Config | None = None) -> None:
+    def __init__(
+        self, store: Path, socket_path: Path | None = None, config: Config | None = None
+    ) -> None:
         self.store, created = init_store(Path(store))
         if created:
             log.info("created a new store in %s", self.store)
@@ -102,7 +106,12 @@ class Daemon:
         eng.check_outside()
         cfg = self.config
         if cfg.replication.remote:
-            self.replicator = Replicator(eng.git, cfg.replication.remote, cfg.replication.branch, cfg.replication.retry_seconds)
+            self.replicator = Replicator(
+                eng.git,
+                cfg.replication.remote,
+                cfg.replication.branch,
+                cfg.replication.retry_seconds,
+            )
             eng.on_commit = self.replicator.notify
             self.replicator.start()
         inherited = sdnotify.listen_fds()
@@ -119,7 +128,9 @@ class Daemon:
         )
         if inherited and self.server.path is not None:
             self.socket_path = self.server.path
-        self.watcher = InboxWatcher(self.paths.inbox, cfg.inbox, lambda items, files: eng.ingest(items, "inbox", files))
+        self.watcher = InboxWatcher(
+            self.paths.inbox, cfg.inbox, lambda items, files: eng.ingest(items, "inbox", files)
+        )
         self.scheduler = Scheduler(
             session=lambda trigger: eng.recluster(trigger),
             archive=lambda: eng.archive(),
@@ -137,7 +148,10 @@ class Daemon:
         self.scheduler.start()
         self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
         self._server_thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="clagd-server", daemon=True
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="clagd-server",
+            daemon=True,
         )
         self._server_thread.start()
         self.watchdog = sdnotify.Watchdog(self.healthy).start()

@@ -33,7 +33,9 @@ class Engine:
     def __init__(self, root: Path, config: Config | None = None, start: bool = True) -> None:
         self.root = Path(root).resolve()
         if not is_store(self.root):
-            raise StoreError(f"{self.root} is not a clagd store (create one with: clagd init {root})")
+            raise StoreError(
+                f"{self.root} is not a clagd store (create one with: clagd init {root})"
+            )
         self.paths = Paths(self.root)
         self.paths.ensure_dirs()
         self.config = config or load_config(self.root)
@@ -202,7 +204,9 @@ class Engine:
     ) -> dict[str, Any]:
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("'text' must be a non-empty string")
-        if max_memories is not None and (not isinstance(max_memories, int) or not 0 < max_memories <= 100):
+        if max_memories is not None and (
+            not isinstance(max_memories, int) or not 0 < max_memories <= 100
+        ):
             raise BadRequest("'max_memories' must be an integer from 1 to 100")
         if token_budget is not None and (not isinstance(token_budget, int) or token_budget < 0):
             raise BadRequest("'token_budget' must be a non-negative integer")
@@ -210,7 +214,9 @@ class Engine:
         archive = self.archive_index() if include_archive else None
         res = self.index.search(text, max_memories, token_budget, archive=archive)
         out = res.to_dict()
-        archived_ids = {c["id"] for c in self._summaries if c["archived"]} if include_archive else set()
+        archived_ids = (
+            {c["id"] for c in self._summaries if c["archived"]} if include_archive else set()
+        )
         for m in out["memories"]:
             m["archived"] = m["cluster_id"] in archived_ids
         self.stats.record(
@@ -345,7 +351,9 @@ class Engine:
         changed = set(dirty)
         if moved and self.head:
             try:
-                out = ctx.git.run("diff", "--name-only", f"{self.head}", f"{head}", "--", *DATA_DIRS)
+                out = ctx.git.run(
+                    "diff", "--name-only", f"{self.head}", f"{head}", "--", *DATA_DIRS
+                )
                 changed.update(p for p in out.splitlines() if p.strip())
             except ClagdError:
                 raise
@@ -365,11 +373,18 @@ class Engine:
         sha = None
         if dirty:
             sha = ctx.git.commit(
-                dirty, f"edit: {len(dirty)} file(s) changed outside clagd", "\n".join(dirty), {"kind": "edit"}
+                dirty,
+                f"edit: {len(dirty)} file(s) changed outside clagd",
+                "\n".join(dirty),
+                {"kind": "edit"},
             )
         self.head = ctx.git.head()
         self.counters["outside_edits"] += 1
-        log.info("outside change loaded (%d files%s)", len(changed), f", committed {sha[:10]}" if sha else "")
+        log.info(
+            "outside change loaded (%d files%s)",
+            len(changed),
+            f", committed {sha[:10]}" if sha else "",
+        )
         del changes
         return {"ok": True, "files": sorted(changed), "commit": sha}
 
@@ -448,7 +463,12 @@ class Engine:
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return (
+        datetime.fromtimestamp(ts, timezone.utc)
+        .replace(microsecond=0)
+        .isoformat()
+        .replace("+00:00", "Z")
+    )
 
 
 def _epoch(s: str) -> float:

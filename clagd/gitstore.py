@@ -179,9 +179,7 @@ class GitStore:
 
     def find_by_trailer(self, key: str, value: str, limit: int = 2000) -> list[str]:
         return [
-            e["commit"]
-            for e in self.log(limit)
-            if str(e["trailers"].get(key.lower(), "")) == value
+            e["commit"] for e in self.log(limit) if str(e["trailers"].get(key.lower(), "")) == value
         ]
 
     def log(self, n: int = 20, rev: str = "HEAD") -> list[dict[str, Any]]:

@@ -126,7 +126,9 @@ def parse_text(name: str, text: str, max_items: int = 10_000) -> list[Item]:
         body = text
         if text.startswith("---"):
             lines = text.split("\n")
-            end = next((i for i in range(1, len(lines)) if lines[i].strip() in ("---", "...")), None)
+            end = next(
+                (i for i in range(1, len(lines)) if lines[i].strip() in ("---", "...")), None
+            )
             if end is None:
                 raise InboxRejected("front matter starts with '---' but never ends")
             try:
@@ -142,7 +144,9 @@ def parse_text(name: str, text: str, max_items: int = 10_000) -> list[Item]:
         return [validate_item({**front, "content": body}, "file")]
     if suffix == ".txt":
         return [validate_item({"content": text}, "file")]
-    raise InboxRejected(f"unsupported file type {suffix or '(none)'}: use .yaml .yml .json .md .txt")
+    raise InboxRejected(
+        f"unsupported file type {suffix or '(none)'}: use .yaml .yml .json .md .txt"
+    )
 
 
 def read_file(path: Path, max_bytes: int, max_items: int) -> list[Item]:
@@ -191,7 +195,9 @@ class InboxTracker:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
             return []
-        return sorted(e.name for e in entries if not ignored_name(e.name) and e.is_file(follow_symlinks=False))
+        return sorted(
+            e.name for e in entries if not ignored_name(e.name) and e.is_file(follow_symlinks=False)
+        )
 
     def ready(self) -> tuple[list[str], int]:
         """(names complete now, how many more are still being written)."""

@@ -9,7 +9,11 @@ import sys
 
 def setup_logging(level: str = "INFO") -> None:
     under_journal = bool(os.environ.get("JOURNAL_STREAM"))
-    fmt = "%(levelname)s %(name)s: %(message)s" if under_journal else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    fmt = (
+        "%(levelname)s %(name)s: %(message)s"
+        if under_journal
+        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(fmt, "%Y-%m-%dT%H:%M:%S"))
     root = logging.getLogger()

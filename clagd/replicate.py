@@ -57,7 +57,12 @@ class Replicator:
             except Exception as exc:  # noqa: BLE001
                 self.failures += 1
                 self.last_error = " ".join(str(getattr(exc, "stderr", exc)).split())[:500]
-                log.error("push to %s failed (retrying in %ss): %s", self.remote, self.retry_seconds, self.last_error)
+                log.error(
+                    "push to %s failed (retrying in %ss): %s",
+                    self.remote,
+                    self.retry_seconds,
+                    self.last_error,
+                )
                 continue
             self.pushed = head
             self.pushes += 1

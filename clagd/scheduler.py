@@ -38,18 +38,28 @@ class Scheduler:
         )
         if session_minutes > 0:
             self.sched.add_job(
-                self._run_session, "interval", minutes=session_minutes, args=["interval"],
-                id="session-interval", executor="session",
+                self._run_session,
+                "interval",
+                minutes=session_minutes,
+                args=["interval"],
+                id="session-interval",
+                executor="session",
             )
         if archive_hours > 0:
-            self.sched.add_job(self._safe(archive, "archive"), "interval", hours=archive_hours, id="archive")
+            self.sched.add_job(
+                self._safe(archive, "archive"), "interval", hours=archive_hours, id="archive"
+            )
         self.sched.add_job(
-            self._safe(housekeeping, "housekeeping"), "interval", seconds=housekeeping_seconds,
+            self._safe(housekeeping, "housekeeping"),
+            "interval",
+            seconds=housekeeping_seconds,
             id="housekeeping",
         )
         if backend_seconds > 0:
             self.sched.add_job(
-                self._safe(recheck_backend, "backend check"), "interval", seconds=backend_seconds,
+                self._safe(recheck_backend, "backend check"),
+                "interval",
+                seconds=backend_seconds,
                 id="backend",
             )
 
@@ -73,8 +83,13 @@ class Scheduler:
         if self.sched.get_job("session-now") is not None:
             return
         self.sched.add_job(
-            self._run_session, "date", run_date=datetime.now(timezone.utc) + timedelta(milliseconds=50),
-            args=[why], id="session-now", executor="session", replace_existing=True,
+            self._run_session,
+            "date",
+            run_date=datetime.now(timezone.utc) + timedelta(milliseconds=50),
+            args=[why],
+            id="session-now",
+            executor="session",
+            replace_existing=True,
         )
 
     def start(self) -> None:

@@ -45,7 +45,9 @@ class Dispatcher:
                 raise BadRequest("a request needs 'op' (a string)")
             fn = self.ops.get(op)
             if fn is None:
-                raise ClagdError(f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}", "unknown_op")
+                raise ClagdError(
+                    f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}", "unknown_op"
+                )
             params = {k: v for k, v in req.items() if k not in ("id", "op") and v is not None}
             return {"id": rid, "ok": True, "result": fn(params)}
         except ClagdError as exc:
@@ -54,7 +56,11 @@ class Dispatcher:
             return {"id": rid, "ok": False, "error": {"code": "bad_request", "message": str(exc)}}
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection thread
             log.exception("op %r failed", req.get("op"))
-            return {"id": rid, "ok": False, "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}}
+            return {
+                "id": rid,
+                "ok": False,
+                "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"},
+            }
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -86,14 +92,26 @@ class _ConnHandler(socketserver.StreamRequestHandler):
         uid = peer_uid(self.request)
         if uid is not None and uid not in srv.allowed_uids:
             log.warning("refused a client of uid %s", uid)
-            self._send({"id": None, "ok": False, "error": {"code": "forbidden", "message": f"uid {uid} may not use this daemon"}})
+            self._send(
+                {
+                    "id": None,
+                    "ok": False,
+                    "error": {"code": "forbidden", "message": f"uid {uid} may not use this daemon"},
+                }
+            )
             return
         with srv.count_lock:
             srv.active += 1
             over = srv.active > srv.max_clients
         try:
             if over:
-                self._send({"id": None, "ok": False, "error": {"code": "busy", "message": "too many clients; try again"}})
+                self._send(
+                    {
+                        "id": None,
+                        "ok": False,
+                        "error": {"code": "busy", "message": "too many clients; try again"},
+                    }
+                )
                 return
             self._serve()
         finally:
@@ -112,14 +130,26 @@ class _ConnHandler(socketserver.StreamRequestHandler):
             if not line:
                 return
             if len(line) > limit and not line.endswith(b"\n"):
-                self._send({"id": None, "ok": False, "error": {"code": "too_large", "message": f"request over {limit} bytes"}})
+                self._send(
+                    {
+                        "id": None,
+                        "ok": False,
+                        "error": {"code": "too_large", "message": f"request over {limit} bytes"},
+                    }
+                )
                 return  # the rest of the line cannot be resynchronised
             if not line.strip():
                 continue
             try:
                 req = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                if not self._send({"id": None, "ok": False, "error": {"code": "bad_json", "message": f"not JSON: {exc}"}}):
+                if not self._send(
+                    {
+                        "id": None,
+                        "ok": False,
+                        "error": {"code": "bad_json", "message": f"not JSON: {exc}"},
+                    }
+                ):
                     return
                 continue
             if not self._send(self.server.dispatcher.handle(req)):
@@ -129,6 +159,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
 class SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = False
+    request_queue_size = 512  # connect() fails with EAGAIN when the backlog is full
 
     def __init__(
         self,
@@ -152,12 +183,18 @@ class SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             socketserver.BaseServer.__init__(self, "", _ConnHandler)
             self.socket = inherited
             self.server_address = inherited.getsockname()
-            self.path = Path(self.server_address) if isinstance(self.server_address, str) and self.server_address else None
+            self.path = (
+                Path(self.server_address)
+                if isinstance(self.server_address, str) and self.server_address
+                else None
+            )
             return
         assert path is not None
         self.path = Path(path)
         if len(os.fsencode(str(self.path))) > 107:
-            raise StoreError(f"socket path too long for AF_UNIX ({len(str(self.path))} bytes): {self.path}")
+            raise StoreError(
+                f"socket path too long for AF_UNIX ({len(str(self.path))} bytes): {self.path}"
+            )
         prepare_socket_dir(self.path)
         _remove_stale(self.path)
         old = os.umask(0o177)
@@ -208,7 +245,9 @@ def build_dispatcher(engine: Any, extra: dict[str, Handler] | None = None) -> Di
             include_archive=bool(p.get("include_archive", False)),
         ),
     )
-    d.op("clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False))))
+    d.op(
+        "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
+    )
     d.op("log", lambda p: engine.log(p.get("n", 20)))
     d.op("revert", lambda p: engine.revert(_str(p, "ref")))
     d.op("archive", lambda p: engine.archive(dry_run=bool(p.get("dry_run", False))))

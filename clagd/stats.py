@@ -27,14 +27,20 @@ class AccessStats:
     def load(self) -> None:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-            self.memories = {str(k): [float(v[0]), float(v[1])] for k, v in data.get("memories", {}).items()}
-            self.clusters = {str(k): [float(v[0]), float(v[1])] for k, v in data.get("clusters", {}).items()}
+            self.memories = {
+                str(k): [float(v[0]), float(v[1])] for k, v in data.get("memories", {}).items()
+            }
+            self.clusters = {
+                str(k): [float(v[0]), float(v[1])] for k, v in data.get("clusters", {}).items()
+            }
         except FileNotFoundError:
             pass
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             log.warning("ignoring unreadable access statistics %s: %s", self.path, exc)
 
-    def record(self, memory_ids: list[str], cluster_ids: list[str], when: float | None = None) -> None:
+    def record(
+        self, memory_ids: list[str], cluster_ids: list[str], when: float | None = None
+    ) -> None:
         now = time.time() if when is None else when
         with self._lock:
             for key, table in ((memory_ids, self.memories), (cluster_ids, self.clusters)):

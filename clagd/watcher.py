@@ -78,7 +78,9 @@ class InboxWatcher:
                 continue
             self._observer = obs
             self.observer_kind = kind
-            log.info("watching %s (%s); rescanning every %ss", self.inbox, kind, self.cfg.rescan_seconds)
+            log.info(
+                "watching %s (%s); rescanning every %ss", self.inbox, kind, self.cfg.rescan_seconds
+            )
             return
         self.observer_kind = "rescan-only"
         log.warning("no inbox watcher: relying on the periodic rescan")

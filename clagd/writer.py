@@ -100,7 +100,9 @@ class WriteContext:
         if name not in self._shards:
             self._shards[name] = {m.id for m in self.state.unsorted.get(name, [])}
 
-    def commit(self, subject: str, body: str = "", trailers: dict[str, Any] | None = None) -> str | None:
+    def commit(
+        self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
+    ) -> str | None:
         """Write every touched file, commit exactly those, publish the change to readers."""
         w = self.w
         w.begin_txn(subject)
@@ -172,7 +174,9 @@ class WriteContext:
                 target[p.stem] = _load_cluster(full, errors) if full.exists() else None
         if errors:
             raise StoreError("invalid store files: " + "; ".join(errors[:10]))
-        candidate = StoreState(dict(w.state.clusters), dict(w.state.archived), dict(w.state.unsorted))
+        candidate = StoreState(
+            dict(w.state.clusters), dict(w.state.archived), dict(w.state.unsorted)
+        )
         for area, repl in ((candidate.clusters, new_clusters), (candidate.archived, new_archive)):
             for k, v in repl.items():
                 if v is None:

@@ -48,7 +48,12 @@ def loads(text: str, allow_aliases: bool = False) -> Any:
 
 def dumps(data: Any) -> str:
     return yaml.dump(
-        data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100, default_flow_style=False
+        data,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+        default_flow_style=False,
     )
 
 

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import DaemonProcess, InProcessDaemon, make_store
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (
+        "CLAGD_BACKEND",
+        "CLAGD_STORE",
+        "CLAGD_SOCKET",
+        "NOTIFY_SOCKET",
+        "LISTEN_FDS",
+        "LISTEN_PID",
+        "WATCHDOG_USEC",
+    ):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short folder for sockets (AF_UNIX paths are limited to ~107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="clagd-t-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return make_store(tmp_path / "memory")
+
+
+@pytest.fixture
+def daemon(store: Path, short_tmp: Path) -> Iterator[InProcessDaemon]:
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def daemon_proc(store: Path, short_tmp: Path) -> Iterator[DaemonProcess]:
+    p = DaemonProcess(store, short_tmp / "s.sock")
+    yield p
+    if p.proc is not None and p.proc.poll() is None:
+        p.kill()

@@ -1,0 +1,160 @@
+"""Shared test helpers: real stores, real daemons (in-process or as a subprocess), polls."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clagd.client import Client
+from clagd.config import Config, load_config
+from clagd.daemon import Daemon
+from clagd.store import init_store
+
+FAST = {
+    "backend": {"kind": "none", "recheck_seconds": 0},
+    "session": {
+        "interval_minutes": 0,
+        "memory_add_threshold": 100000,
+        "dialogue_round_threshold": 100000,
+    },
+    "inbox": {"settle_seconds": 0.3, "rescan_seconds": 0.3, "debounce_seconds": 0.05},
+    "archive": {"interval_hours": 0},
+}
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll `cond` until it returns something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+def deep_update(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def make_store(root: Path, overrides: dict | None = None) -> Path:
+    """A real store (git repo) with fast test settings written into its clagd.yaml."""
+    root, _ = init_store(root)
+    cfg = deep_update(yaml.safe_load(yaml.safe_dump(FAST)), overrides or {})
+    (root / "clagd.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=test", "-c", "user.email=t@example.com", *args],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def head_contents(root: Path) -> list[str]:
+    """Every memory's content in HEAD (clusters, archive, unsorted), read through git."""
+    out = []
+    files = git(root, "ls-tree", "-r", "--name-only", "HEAD").split()
+    for f in files:
+        if f.endswith(".yaml") and f.split("/")[0] in ("clusters", "archive", "unsorted"):
+            data = yaml.safe_load(git(root, "show", f"HEAD:{f}"))
+            out.extend(m["content"] for m in data.get("memories", []))
+    return out
+
+
+class InProcessDaemon:
+    def __init__(self, root: Path, socket_path: Path | None = None, config: Config | None = None):
+        self.root = root
+        self.daemon = Daemon(root, socket_path, config or load_config(root))
+        self.daemon.start()
+        self.socket = self.daemon.socket_path
+
+    @property
+    def engine(self) -> Any:
+        return self.daemon.engine
+
+    def client(self, timeout: float | None = 30.0) -> Client:
+        return Client(self.socket, timeout=timeout)
+
+    def stop(self) -> None:
+        self.daemon.shutdown()
+
+
+class DaemonProcess:
+    """`clagd run` as a real subprocess, for signals, kills and restarts."""
+
+    def __init__(self, root: Path, socket_path: Path, env: dict[str, str] | None = None):
+        self.root = root
+        self.socket = socket_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log = root.parent / f"{root.name}-daemon.log"
+
+    def start(self, wait: bool = True) -> DaemonProcess:
+        logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "clagd",
+                "--store",
+                str(self.root),
+                "--socket",
+                str(self.socket),
+                "run",
+            ],
+            stdout=logf,
+            stderr=logf,
+            env=self.env,
+            start_new_session=True,
+        )
+        logf.close()
+        if wait:
+            wait_for(self.ready, 30, "the daemon to answer ping")
+        return self
+
+    def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}"
+            )
+        try:
+            with Client(self.socket, timeout=5) as c:
+                c.ping()
+            return True
+        except Exception:
+            return False
+
+    def client(self, timeout: float | None = 30.0) -> Client:
+        return Client(self.socket, timeout=timeout)
+
+    def terminate(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import git
+
+from clagd.config import Config, load_config
+from clagd.errors import ConfigError, StoreError
+from clagd.model import Cluster, Memory, memory_id
+from clagd.store import Paths, init_store, load_state, template_dir, write_cluster
+from clagd.yamlio import YamlError, atomic_write_text, dumps, loads
+
+
+def test_init_creates_layout_repo_and_first_commit(tmp_path: Path) -> None:
+    root, created = init_store(tmp_path / "m")
+    assert created
+    for d in ("clusters", "archive", "unsorted", "prompts", "inbox", "inbox/rejected", ".clagd"):
+        assert (root / d).is_dir(), d
+    assert (root / "clagd.yaml").is_file() and (root / "README.md").is_file()
+    assert oct((root / ".clagd").stat().st_mode & 0o777) == "0o700"
+    log = git(root, "log", "--format=%s%n%b")
+    assert "init: new clagd store" in log and "Clagd-Kind: init" in log
+    assert git(root, "config", "core.fsync").strip() == "all"
+    # inbox/ and .clagd/ are not history
+    (root / "inbox" / "x.txt").write_text("hello")
+    (root / ".clagd" / "stats.json").write_text("{}")
+    assert git(root, "status", "--porcelain") == ""
+    root2, created2 = init_store(root)
+    assert root2 == root and not created2
+
+
+def test_template_config_shows_exactly_the_defaults() -> None:
+    assert load_config(template_dir()) == Config()
+
+
+def test_config_errors_name_the_key_and_file(tmp_path: Path) -> None:
+    (tmp_path / "clagd.yaml").write_text("retrieval:\n  max_memories: many\n")
+    with pytest.raises(ConfigError, match=r"clagd.yaml.*retrieval.max_memories"):
+        load_config(tmp_path)
+    (tmp_path / "clagd.yaml").write_text("retrieval:\n  max_memorys: 3\n")
+    with pytest.raises(ConfigError, match="unknown key 'retrieval.max_memorys'"):
+        load_config(tmp_path)
+    (tmp_path / "clagd.yaml").write_text("backend:\n  kind: gpt\n")
+    with pytest.raises(ConfigError, match="backend.kind"):
+        load_config(tmp_path)
+    (tmp_path / "clagd.yaml").write_text("inbox:\n  settle_seconds: 2\n")
+    assert load_config(tmp_path, env={"CLAGD_BACKEND": "none"}).backend.kind == "none"
+    assert load_config(tmp_path).inbox.settle_seconds == 2.0
+
+
+def test_memory_id_is_the_hash_of_normalized_content() -> None:
+    assert memory_id("hello  world\n") == memory_id(" hello world")
+    assert memory_id("hello world") != memory_id("Hello world")
+    m = Memory.new("  a\tmemory ")
+    assert m.content == "a memory" and m.id == memory_id("a memory")
+
+
+def test_cluster_yaml_is_readable_with_stable_key_order(tmp_path: Path) -> None:
+    root, _ = init_store(tmp_path / "m")
+    c = Cluster(
+        "c-0123456789ab",
+        "User comfort preferences",
+        "How the user likes the flat.",
+        ["home"],
+        "2026-01-01T00:00:00Z",
+        "2026-01-01T00:00:00Z",
+        [Memory.new("likes it warm", "2026-01-01T00:00:00Z", {"importance": 0.8})],
+    )
+    path = write_cluster(Paths(root), c)
+    text = path.read_text()
+    keys = [
+        line.split(":")[0] for line in text.splitlines() if line and not line.startswith((" ", "-"))
+    ]
+    assert keys == ["id", "name", "description", "tags", "created_at", "updated_at", "memories"]
+    assert "likes it warm" in text
+    assert load_state(root).clusters[c.id] == c
+
+
+def test_load_reports_every_broken_file(tmp_path: Path) -> None:
+    root, _ = init_store(tmp_path / "m")
+    m = Memory.new("one")
+    write_cluster(Paths(root), Cluster("c-00000000aa", "A b", memories=[m]))
+    write_cluster(Paths(root), Cluster("c-00000000bb", "C d", memories=[m]))
+    (root / "clusters" / "c-00000000cc.yaml").write_text("id: c-00000000cc\nmemories: [\n")
+    (root / "clusters" / "c-00000000dd.yaml").write_text("id: c-0000000999\nname: x\n")
+    with pytest.raises(StoreError) as exc:
+        load_state(root)
+    msg = str(exc.value)
+    assert "also in" in msg and "c-00000000cc.yaml" in msg and "does not match the file name" in msg
+
+
+def test_yaml_refuses_aliases_and_writes_atomically(tmp_path: Path) -> None:
+    bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n"
+    with pytest.raises(YamlError, match="aliases"):
+        loads(bomb)
+    assert loads(dumps({"k": "ünïcode", "n": [1, 2]})) == {"k": "ünïcode", "n": [1, 2]}
+    target = tmp_path / "f.yaml"
+    atomic_write_text(target, "one")
+    atomic_write_text(target, "two")
+    assert target.read_text() == "two"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.yaml"]  # no temp file left
+
+
+def test_yaml_uses_the_c_loader_when_present() -> None:
+    from clagd import yamlio
+
+    if yaml.__with_libyaml__:
+        assert yamlio._Loader is yaml.CSafeLoader and yamlio._Dumper is yaml.CSafeDumper
+
+
+def test_store_files_stay_inside_the_store(tmp_path: Path) -> None:
+    paths = Paths(tmp_path)
+    for bad in ("../../etc/passwd", "c-../../x", "/abs", "c-zz"):
+        with pytest.raises(StoreError):
+            paths.cluster_file(bad)
+    with pytest.raises(StoreError):
+        paths.shard_file("../u-x")
+    assert not os.path.exists(tmp_path / "etc")
