@@ -1,0 +1,201 @@
+"""A real MCP client session over stdio against `python -m clagd.mcp_server` and a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp import ClientSession  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class RunningDaemon:
+    def __init__(self, proc: subprocess.Popen[bytes], socket_path: Path, log: Path) -> None:
+        self.proc, self.socket_path, self.log = proc, socket_path, log
+
+
+def wait_for(notify: socket.socket, line: str, proc: subprocess.Popen[bytes], log: Path) -> str:
+    """Read sd_notify datagrams until one carries `line` (the daemon says when it is ready)."""
+    notify.settimeout(60)
+    while True:
+        try:
+            msg = notify.recv(4096).decode()
+        except TimeoutError:
+            raise AssertionError(f"no {line} from the daemon; log:\n{log.read_text()}") from None
+        if line in msg.splitlines():
+            return msg
+        if proc.poll() is not None:
+            raise AssertionError(f"daemon exited {proc.returncode}; log:\n{log.read_text()}")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
+    """`clagd run` on a fresh store (backend none), ready when it sends READY=1."""
+    with tempfile.TemporaryDirectory(prefix="clagd-m-") as short:
+        sock = Path(short) / "clagd.sock"
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(Path(short) / "notify.sock"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LISTEN_", "WATCHDOG_"))}
+        env.update(
+            PYTHONPATH=str(REPO),
+            CLAGD_BACKEND="none",
+            NOTIFY_SOCKET=str(Path(short) / "notify.sock"),
+        )
+        log = tmp_path / "daemon.log"
+        with open(log, "wb") as logf:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "clagd",
+                    "--socket",
+                    str(sock),
+                    "run",
+                    str(tmp_path / "store"),
+                ],
+                env=env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+            )
+        try:
+            wait_for(notify, "READY=1", proc, log)
+            yield RunningDaemon(proc, sock, log)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            notify.close()
+
+
+def _params(socket_path: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "clagd.mcp_server", "--socket", str(socket_path)],
+        env={"PYTHONPATH": str(REPO)},
+        cwd=str(REPO),
+    )
+
+
+def run_session(socket_path: Path, errlog: Path, body: Any) -> Any:
+    async def main() -> Any:
+        with open(errlog, "w") as err:
+            async with (
+                stdio_client(_params(socket_path), errlog=err) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                with anyio.fail_after(60):
+                    return await body(session)
+
+    return anyio.run(main)
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+
+
+def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
+    async def body(s: ClientSession) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out["tools"] = {t.name: t for t in (await s.list_tools()).tools}
+        out["remember"] = [
+            await s.call_tool(
+                "remember",
+                {"content": "The user prefers metric units", "metadata": {"source": "chat"}},
+            ),
+            await s.call_tool("remember", {"content": "The user's cat is called Miso"}),
+            await s.call_tool("remember", {"content": "The user's cat is called Miso"}),
+        ]
+        out["recall"] = await s.call_tool("recall", {"query": "what is the cat called?"})
+        out["clusters"] = await s.call_tool("list_clusters", {})
+        out["history"] = await s.call_tool("memory_history", {"n": 5})
+        cat_commit = out["history"].structured_content["entries"][0]["commit"]
+        out["revert"] = await s.call_tool("revert", {"ref": cat_commit})
+        out["recall_after"] = await s.call_tool("recall", {"query": "what is the cat called?"})
+        out["bad_revert"] = await s.call_tool("revert", {"ref": "0000000000"})
+        return out
+
+    out = run_session(daemon.socket_path, tmp_path / "mcp.err", body)
+
+    tools = out["tools"]
+    assert set(tools) == {"remember", "recall", "list_clusters", "memory_history", "revert"}
+    for name in ("recall", "list_clusters", "memory_history"):
+        assert tools[name].annotations.read_only_hint is True, name
+    assert tools["revert"].annotations.destructive_hint is True
+    assert tools["revert"].annotations.read_only_hint is False
+    assert tools["remember"].annotations.read_only_hint is False
+    assert tools["remember"].annotations.destructive_hint is False
+    assert "query" in tools["recall"].input_schema["properties"]
+
+    first, second, dup = out["remember"]
+    assert not first.is_error and first.structured_content["added"] == 1
+    assert not second.is_error and second.structured_content["added"] == 1
+    assert dup.structured_content["added"] == 0  # same content is stored once
+
+    recall = out["recall"]
+    assert not recall.is_error
+    assert "Miso" in recall.content[0].text  # the formatted context block comes first
+    detail = json.loads(recall.content[1].text)
+    assert any("Miso" in m["content"] for m in detail["memories"])
+    assert recall.structured_content["context"] == recall.content[0].text
+    assert recall.structured_content["tokens"] > 0
+
+    assert not out["clusters"].is_error
+    assert "clusters" in out["clusters"].structured_content
+
+    history = out["history"].structured_content["entries"]
+    assert [e["kind"] for e in history][:2] == ["ingest", "ingest"]
+
+    assert not out["revert"].is_error, text_of(out["revert"])
+    assert "Miso" not in text_of(out["recall_after"])
+
+    bad = out["bad_revert"]
+    assert bad.is_error
+    assert "clagd error" in text_of(bad)
+
+    # the MCP process wrote nothing but protocol to stdout, and logged no traceback
+    assert "Traceback" not in (tmp_path / "mcp.err").read_text()
+
+
+def test_tools_explain_a_stopped_daemon(tmp_path: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="clagd-m-") as short:
+        missing = Path(short) / "nobody.sock"
+
+        async def body(s: ClientSession) -> Any:
+            tools = await s.list_tools()  # the server itself starts without a daemon
+            assert len(tools.tools) == 5
+            return await s.call_tool("recall", {"query": "anything"})
+
+        result = run_session(missing, tmp_path / "mcp.err", body)
+    assert result.is_error
+    message = text_of(result)
+    assert "not running" in message
+    assert "clagd run <store>" in message
+
+
+def test_bad_arguments_are_tool_errors(tmp_path: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="clagd-m-") as short:
+
+        async def body(s: ClientSession) -> Any:
+            return await s.call_tool("memory_history", {"n": "many"})
+
+        result = run_session(Path(short) / "x.sock", tmp_path / "mcp.err", body)
+    assert result.is_error
