@@ -8,7 +8,6 @@ import os
 import random
 import threading
 import time
-from pathlib import Path
 
 from helpers import InProcessDaemon, git, head_contents, wait_for
 
