@@ -7,13 +7,13 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from fake_ollama import FakeOllama, assigned_twice, delay, http_error, invalid_json
 
 from clagd.backends.base import schema_errors, select_backend
 from clagd.backends.llamacpp import LlamaCppBackend, _Worker, default_gguf, llama_cpp_installed
 from clagd.backends.ollama import OllamaBackend
 from clagd.config import Config, LlamaCppConfig, OllamaConfig
 from clagd.errors import BackendError
-from fake_ollama import FakeOllama, assigned_twice, delay, http_error, invalid_json
 
 SCHEMA = {
     "type": "object",

@@ -8,13 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-import clagd.session as session_mod
-from clagd.backends.ollama import OllamaBackend
-from clagd.engine import Engine
-from clagd.plan import apply_plan
-from clagd.session import engine_session_runner, run_session
-from clagd.slm import BackendManager
 from fake_ollama import (
     FakeOllama,
     assigned_twice,
@@ -28,6 +21,13 @@ from fake_ollama import (
     verdicts,
 )
 from helpers import git, head_contents
+
+import clagd.session as session_mod
+from clagd.backends.ollama import OllamaBackend
+from clagd.engine import Engine
+from clagd.plan import apply_plan
+from clagd.session import engine_session_runner, run_session
+from clagd.slm import BackendManager
 
 TEXTS = [
     "User is always cold in the evening",
