@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from clagd.client import default_socket_path
+from clagd.client import Client, default_socket_path
 from clagd.service import (
     EX_CONFIG,
     install_service,
@@ -242,3 +247,140 @@ def test_verify_shipped_system_units(tmp_path: Path) -> None:
         user=False,
         names=["clagd@agent1.service", "clagd@agent1.socket"],
     )
+
+
+# --------------------------------------------------------------------------- the real daemon
+
+
+class Notifications:
+    """NOTIFY_SOCKET's receiving end: what a Type=notify service tells systemd."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.seen: list[str] = []
+
+    def wait_for(self, line: str, proc: subprocess.Popen[bytes], log: Path) -> str:
+        deadline = time.monotonic() + 60
+        while True:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                msg = self.sock.recv(4096).decode()
+            except TimeoutError:
+                raise AssertionError(
+                    f"no {line!r} (got {self.seen}); exit {proc.poll()}; log:\n{log.read_text()}"
+                ) from None
+            self.seen.append(msg)
+            if line in msg.splitlines():
+                return msg
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+LAUNCHER = """
+import os, sys
+fd = int(sys.argv[1])
+if fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.environ["LISTEN_FDS"] = "1"
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
+def _spawn_daemon(
+    store: Path,
+    sock: Path,
+    notify: Path,
+    log: Path,
+    extra_env: dict[str, str],
+    fd: int | None = None,
+) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LISTEN_", "WATCHDOG_"))}
+    env.update(PYTHONPATH=str(REPO), CLAGD_BACKEND="none", NOTIFY_SOCKET=str(notify), **extra_env)
+    argv = ["-m", "clagd", "--socket", str(sock), "run", str(store)]
+    if fd is None:
+        cmd, pass_fds = [sys.executable, *argv], ()
+    else:  # what systemd does between fork and exec for a socket-activated service
+        cmd, pass_fds = [sys.executable, "-c", LAUNCHER, str(fd), *argv], (fd,)
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds, cwd=store.parent
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="clagd-s-") as d:
+        yield Path(d)
+
+
+def test_daemon_notifies_ready_status_watchdog_and_stopping(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    notes = Notifications(short_dir / "notify.sock")
+    log = tmp_path / "daemon.log"
+    sock = short_dir / "clagd.sock"
+    proc = _spawn_daemon(tmp_path / "store", sock, notes.path, log, {"WATCHDOG_USEC": "200000"})
+    try:
+        ready = notes.wait_for("READY=1", proc, log)
+        assert any(line.startswith("STATUS=serving") for line in ready.splitlines())
+        assert sock.exists()  # READY=1 comes after the socket listens
+        with Client(sock) as c:
+            assert c.ping()["pong"] is True
+        # the watchdog pings at half of WATCHDOG_USEC while every thread is alive
+        before = time.monotonic()
+        notes.wait_for("WATCHDOG=1", proc, log)
+        notes.wait_for("WATCHDOG=1", proc, log)
+        assert time.monotonic() - before < 5
+        assert _stop(proc) == 0
+        notes.wait_for("STOPPING=1", proc, log)
+        assert not sock.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notes.close()
+
+
+def test_daemon_serves_a_socket_passed_by_socket_activation(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    notes = Notifications(short_dir / "notify.sock")
+    log = tmp_path / "daemon.log"
+    activated = short_dir / "activated.sock"
+    unused = short_dir / "own.sock"
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(activated))
+    listening.listen(16)
+    with Client(activated, timeout=30) as early:
+        # a client may connect before the daemon runs: the kernel queues it (that is the point)
+        early.connect()
+        proc = _spawn_daemon(tmp_path / "store", unused, notes.path, log, {}, fd=listening.fileno())
+        listening.close()  # only the daemon holds it now
+        try:
+            assert early.add("socket activation works")["added"] == 1
+            notes.wait_for("READY=1", proc, log)
+            assert not unused.exists()  # it did not bind a socket of its own
+            res = early.query("socket activation")
+            assert [m.content for m in res.memories] == ["socket activation works"]
+            assert _stop(proc) == 0
+            assert activated.exists()  # the socket belongs to systemd: not removed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            notes.close()
