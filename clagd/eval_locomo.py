@@ -283,7 +283,10 @@ def run_eval(
             contents = [c for _, c in mems]
             # same tokenizer and the same k1, b as clagd: only the organization differs
             rc = config.retrieval
-            flat = BM25Okapi([tokenize(c) for c in contents], k1=rc.k1, b=rc.b)
+            def tok(text: str, rc: Any = rc) -> list[str]:
+                return tokenize(text, stem=rc.stemmer, stopwords=rc.stopwords)
+
+            flat = BM25Okapi([tok(c) for c in contents], k1=rc.k1, b=rc.b)
             recent_ids = [mid for mid, _ in mems][-kmax:][::-1]
             recent_tokens = estimate_tokens(_plain_context([c for _, c in mems][-kmax:]))
 
@@ -304,7 +307,7 @@ def run_eval(
                         t.add(ranked, evidence, int(res["tokens"]), ms)
 
                     t0 = time.perf_counter()
-                    scores = flat.get_scores(tokenize(text))
+                    scores = flat.get_scores(tok(text))
                     top = np.argsort(-scores, kind="stable")[:kmax].tolist()
                     flat_ctx = _plain_context([contents[i] for i in top])
                     ms = (time.perf_counter() - t0) * 1000
