@@ -76,8 +76,10 @@ def main() -> None:
             t = time.perf_counter()
             ix2.search(q, max_memories=5)
             lat.append((time.perf_counter() - t) * 1000)
-        print(f"n={len(ix2):>7}  build {build:.2f} s  apply(100 new) {apply_ms:.1f} ms  "
-              f"apply(session) {session_ms:.1f} ms  clagd search {ms(lat)}")
+        print(
+            f"n={len(ix2):>7}  build {build:.2f} s  apply(100 new) {apply_ms:.1f} ms  "
+            f"apply(session) {session_ms:.1f} ms  clagd search {ms(lat)}"
+        )
         if n <= 20_000:
             docs = [m.content for c in clusters.values() for m in c.memories]
             flat = BM25Okapi([tokenize(d) for d in docs], k1=cfg.k1, b=cfg.b)

@@ -283,6 +283,7 @@ def run_eval(
             contents = [c for _, c in mems]
             # same tokenizer and the same k1, b as clagd: only the organization differs
             rc = config.retrieval
+
             def tok(text: str, rc: Any = rc) -> list[str]:
                 return tokenize(text, stem=rc.stemmer, stopwords=rc.stopwords)
 
