@@ -7,10 +7,14 @@ never wait for the writer or an SLM.
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
+import pickle
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from .store import Paths, StoreState, is_store, load_state
 from .writer import DATA_DIRS, Changes, WriteContext, Writer
 
 log = logging.getLogger("clagd")
+SNAPSHOT_FORMAT = 1
 
 
 class Engine:
@@ -51,16 +56,22 @@ class Engine:
         for note in self.notes:
             log.warning("recovery: %s", note)
         t0 = time.monotonic()
-        state = load_state(self.root)
-        self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
+        self.head = self.git.head()
+        loaded = self._load_snapshot()
+        if loaded is not None:
+            state, self.index = loaded
+            self.load_source = "snapshot"
+        else:
+            state = load_state(self.root)
+            self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
+            self.load_source = "files"
         self._archive_index: Index | None = None
         self._archived = dict(state.archived)
         self.load_seconds = time.monotonic() - t0
-        self.known = state.content_keys()
+        self.known = state.memory_ids()
         self.stats = AccessStats(self.paths.runtime / "stats.json")
         self.writer = Writer(self.root, state, self.git, on_change=self._on_change)
         self._summaries = self._summarize(state)
-        self.head = self.git.head()
         self.counters: dict[str, int] = {
             "queries": 0,
             "added": 0,
@@ -90,13 +101,14 @@ class Engine:
         self.session_runner: Callable[..., dict[str, Any]] | None = None
         self.backend_status: Callable[[], dict[str, Any]] | None = None
         log.info(
-            "store %s: %d memories in %d clusters, %d unsorted, %d archived clusters (%.2fs)",
+            "store %s: %d memories in %d clusters, %d unsorted, %d archived clusters (%.2fs from %s)",
             self.root,
             len(self.index),
             self.index.n_clusters,
             sum(len(v) for v in state.unsorted.values()),
             len(state.archived),
             self.load_seconds,
+            self.load_source,
         )
         if start:
             self.start()
@@ -106,8 +118,59 @@ class Engine:
         self.writer.start()
 
     def close(self) -> None:
+        if self.writer.alive():
+            try:
+                self.writer.call(self._save_snapshot_op)
+            except Exception as exc:  # noqa: BLE001 - only a start-up speed-up is lost
+                log.warning("could not save the start-up snapshot: %s", exc)
         self.writer.stop()
         self.stats.save()
+
+    # -- start-up snapshot: the loaded state and index, valid for one clean HEAD -----------
+    @property
+    def snapshot_file(self) -> Path:
+        return self.paths.runtime / "snapshot.pickle"
+
+    def _snapshot_key(self) -> dict[str, Any]:
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "retrieval": asdict(self.config.retrieval),
+            "ingest": asdict(self.config.ingest),
+        }
+
+    def _load_snapshot(self) -> tuple[StoreState, Index] | None:
+        """The state and index saved at the last clean stop, when HEAD is the same and the
+        working tree is clean; loading 100k memories from YAML takes far longer."""
+        path = self.snapshot_file
+        if not path.exists() or self.head is None:
+            return None
+        try:
+            if self.git.dirty_paths(DATA_DIRS):
+                return None
+            gc.disable()
+            try:
+                with open(path, "rb") as fh:
+                    data = pickle.load(fh)
+            finally:
+                gc.enable()
+            if data.get("key") != self._snapshot_key() or data.get("head") != self.head:
+                return None
+            return data["state"], data["index"]
+        except Exception as exc:  # noqa: BLE001 - a bad snapshot only costs a full load
+            log.warning("ignoring the start-up snapshot: %s", exc)
+            return None
+        finally:
+            path.unlink(missing_ok=True)  # used once: a crash later must not revive it
+
+    def _save_snapshot_op(self, ctx: WriteContext) -> None:
+        head = ctx.git.head()
+        if head is None or ctx.git.dirty_paths(DATA_DIRS):
+            return
+        data = {"key": self._snapshot_key(), "head": head, "state": ctx.state, "index": self.index}
+        tmp = self.snapshot_file.with_suffix(".tmp")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+            pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, self.snapshot_file)
 
     @property
     def state(self) -> StoreState:
@@ -118,7 +181,7 @@ class Engine:
     def _on_change(self, changes: Changes, state: StoreState) -> None:
         if changes.full:
             self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
-            self.known = state.content_keys()
+            self.known = state.memory_ids()
         else:
             self.index = self.index.apply(
                 upsert_clusters=changes.upsert_clusters,
@@ -267,6 +330,7 @@ class Engine:
             "head": self.head,
             "uptime_seconds": round(time.time() - self.started_at, 1),
             "load_seconds": round(self.load_seconds, 3),
+            "load_source": self.load_source,
             "counts": counts,
             "counters": dict(self.counters),
             "writer": {
@@ -330,7 +394,7 @@ class Engine:
                 ctx.git.run("reset", "-q", "--hard", start_head)
                 ctx.reload_all()
             raise
-        self.known = ctx.state.content_keys()
+        self.known = ctx.state.memory_ids()
         return {"reverted": shas, "commits": done, "head": ctx.git.head()}
 
     # -- outside edits --------------------------------------------------------------------
@@ -369,7 +433,7 @@ class Engine:
             return {"ok": False, "error": str(exc)}
         self.outside_error = ""
         self._outside_sig = None
-        self.known = ctx.state.content_keys()
+        self.known = ctx.state.memory_ids()
         sha = None
         if dirty:
             sha = ctx.git.commit(
