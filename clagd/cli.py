@@ -98,8 +98,16 @@ def run(c: Ctx, path: str | None, log_level: str) -> None:
     from .daemon import Daemon
     from .logs import setup_logging
 
+    from .errors import ConfigError
+    from .service import EX_CONFIG
+
     setup_logging(log_level)
-    d = Daemon(Path(path) if path else c.store, Path(c.socket) if c.socket else None)
+    try:
+        d = Daemon(Path(path) if path else c.store, Path(c.socket) if c.socket else None)
+    except ConfigError as exc:
+        # a distinct status, so that systemd does not restart a daemon that cannot start
+        click.echo(f"clagd: {exc}", err=True)
+        sys.exit(EX_CONFIG)
     sys.exit(d.run())
 
 
@@ -295,6 +303,31 @@ def locomo(file: str, ks: str, backend: str, as_json: bool) -> None:
     except ValueError:
         raise click.BadParameter("--k takes integers like 5,10") from None
     sys.exit(eval_command(file, k_list, as_json, backend))
+
+
+@main.command("install-service")
+@click.option("--user/--system", "user", default=True, show_default=True)
+@click.option("--socket-activation", is_flag=True, help="also write a .socket unit and enable that")
+@click.option("--dest", type=click.Path(file_okay=False), help="write units here instead")
+@pass_ctx
+def install_service(c: Ctx, user: bool, socket_activation: bool, dest: str | None) -> None:
+    """Write systemd units for the store and print the command that enables them."""
+    from .service import install_service_command
+
+    install_service_command(c.store, user, dest, click.echo, socket_activation=socket_activation)
+
+
+@main.command()
+@pass_ctx
+def mcp(c: Ctx) -> None:
+    """Serve the store's memory as MCP tools over stdio (needs clagd[mcp])."""
+    try:
+        from .mcp_server import run_mcp
+    except ImportError:
+        raise click.ClickException(
+            "the MCP server needs the official SDK: pip install 'clagd[mcp]'"
+        ) from None
+    run_mcp(c.socket_path())
 
 
 if __name__ == "__main__":  # python -m clagd.cli

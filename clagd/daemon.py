@@ -23,6 +23,7 @@ from .errors import StoreLocked
 from .replicate import Replicator
 from .scheduler import Scheduler
 from .server import SocketServer, build_dispatcher
+from .session import engine_session_runner
 from .slm import BackendManager
 from .store import Paths, init_store
 from .watcher import InboxWatcher
@@ -101,7 +102,7 @@ class Daemon:
         sdnotify.status("loading the store")
         eng = self.engine = Engine(self.store, self.config, start=True)
         eng.backend_status = self.backends.status
-        eng.session_runner = _session_runner(self.backends)
+        eng.session_runner = engine_session_runner(self.backends)
         # a store edited by hand while no daemon ran: validate and commit it now
         eng.check_outside()
         cfg = self.config
@@ -223,11 +224,3 @@ class Daemon:
         self.backends.close()
         self.lock.release()
         log.info("stopped")
-
-
-def _session_runner(backends: BackendManager) -> Any:
-    try:
-        from .session import engine_session_runner
-    except ImportError:  # pragma: no cover - during development only
-        return None
-    return engine_session_runner(backends)

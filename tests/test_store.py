@@ -35,6 +35,15 @@ def test_init_creates_layout_repo_and_first_commit(tmp_path: Path) -> None:
 def test_template_config_shows_exactly_the_defaults() -> None:
     assert load_config(template_dir()) == Config()
 
+    def keys(d: dict, prefix: str = "") -> set[str]:
+        out = set()
+        for k, v in d.items():
+            out |= keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+        return out
+
+    shown = keys(yaml.safe_load((template_dir() / "clagd.yaml").read_text()))
+    assert shown == keys(Config().to_dict()), "store_template/clagd.yaml must show every key"
+
 
 def test_config_errors_name_the_key_and_file(tmp_path: Path) -> None:
     (tmp_path / "clagd.yaml").write_text("retrieval:\n  max_memories: many\n")
