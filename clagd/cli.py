@@ -96,9 +96,8 @@ def init(c: Ctx, path: str | None) -> None:
 def run(c: Ctx, path: str | None, log_level: str) -> None:
     """Run the daemon over a store (created when missing)."""
     from .daemon import Daemon
-    from .logs import setup_logging
-
     from .errors import ConfigError
+    from .logs import setup_logging
     from .service import EX_CONFIG
 
     setup_logging(log_level)
