@@ -255,7 +255,7 @@ def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
     """Run a clustering session now and report its outcome."""
     with c.client(timeout=None) as cl:
         res = cl.recluster(wait=not no_wait)
-    text = f"session {res.get('session', '')}: {res.get('status')}"
+    text = f"session {res.get('session_id', '')}: {res.get('status')}"
     if res.get("reasons"):
         text += " — " + "; ".join(res["reasons"])[:500]
     _emit(res, as_json, text)
@@ -302,6 +302,21 @@ def locomo(file: str, ks: str, backend: str, as_json: bool) -> None:
     except ValueError:
         raise click.BadParameter("--k takes integers like 5,10") from None
     sys.exit(eval_command(file, k_list, as_json, backend))
+
+
+@main.command()
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option(
+    "--format", "fmt", type=click.Choice(["markdown"]), default="markdown", show_default=True
+)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def export(c: Ctx, dest: str, fmt: str, as_json: bool) -> None:
+    """Write the clusters as readable Markdown into DEST, one file per cluster."""
+    from .export import export_markdown
+
+    paths = export_markdown(c.store, Path(dest))
+    _emit({"files": [str(p) for p in paths]}, as_json, f"wrote {len(paths)} file(s) to {dest}")
 
 
 @main.command("install-service")

@@ -102,6 +102,7 @@ class Daemon:
         sdnotify.status("loading the store")
         eng = self.engine = Engine(self.store, self.config, start=True)
         eng.backend_status = self.backends.status
+        eng.status_hooks["inbox"] = self._inbox_status
         eng.session_runner = engine_session_runner(self.backends)
         # a store edited by hand while no daemon ran: validate and commit it now
         eng.check_outside()
@@ -114,6 +115,7 @@ class Daemon:
                 cfg.replication.retry_seconds,
             )
             eng.on_commit = self.replicator.notify
+            eng.status_hooks["replication"] = self.replicator.status
             self.replicator.start()
         inherited = sdnotify.listen_fds()
         extra = {
@@ -159,6 +161,18 @@ class Daemon:
         n = len(eng.index)
         log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
         sdnotify.ready(f"serving {n} memories")
+
+    def _inbox_status(self) -> dict[str, Any]:
+        w = self.watcher
+        if w is None:
+            return {}
+        return {
+            "observer": w.observer_kind,
+            "files_ingested": w.files_ingested,
+            "files_rejected": w.files_rejected,
+            "failures": w.failures,
+            "last_error": w.last_error,
+        }
 
     def healthy(self) -> bool:
         return bool(

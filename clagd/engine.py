@@ -100,6 +100,7 @@ class Engine:
         self.on_commit: Callable[[str], None] | None = None
         self.session_runner: Callable[..., dict[str, Any]] | None = None
         self.backend_status: Callable[[], dict[str, Any]] | None = None
+        self.status_hooks: dict[str, Callable[[], Any]] = {}
         log.info(
             "store %s: %d memories in %d clusters, %d unsorted, %d archived clusters (%.2fs from %s)",
             self.root,
@@ -348,6 +349,8 @@ class Engine:
         }
         if self.backend_status is not None:
             out["backend"] = self.backend_status()
+        for key, hook in self.status_hooks.items():
+            out[key] = hook()
         return out
 
     def log(self, n: int = 20) -> dict[str, Any]:
@@ -407,7 +410,9 @@ class Engine:
         dirty = ctx.git.dirty_paths(DATA_DIRS)
         moved = head != self.head
         if not moved and not dirty:
+            # back in step with HEAD (e.g. a broken edit was undone): nothing to report
             self._outside_sig = None
+            self.outside_error = ""
             return None
         sig = (head, tuple(sorted((p, _mtime(self.root / p)) for p in dirty)))
         if sig == self._outside_sig:
@@ -416,7 +421,13 @@ class Engine:
         if moved and self.head:
             try:
                 out = ctx.git.run(
-                    "diff", "--name-only", f"{self.head}", f"{head}", "--", *DATA_DIRS
+                    "diff",
+                    "--name-only",
+                    "--no-renames",
+                    f"{self.head}",
+                    f"{head}",
+                    "--",
+                    *DATA_DIRS,
                 )
                 changed.update(p for p in out.splitlines() if p.strip())
             except ClagdError:

@@ -211,7 +211,7 @@ class GitStore:
         return entries
 
     def changed_files(self, sha: str) -> list[str]:
-        out = self.run("show", "--name-only", "--format=", sha)
+        out = self.run("show", "--name-only", "--no-renames", "--format=", sha)
         return [line for line in out.splitlines() if line.strip()]
 
     def fsck(self) -> str:

@@ -56,6 +56,7 @@ class InboxWatcher:
         self.files_ingested = 0
         self.files_rejected = 0
         self.failures = 0
+        self.consecutive_failures = 0
         self.last_error = ""
         self.paused_until = 0.0
         self.observer_kind = ""
@@ -175,6 +176,8 @@ class InboxWatcher:
                         pass
                     self.tracker.forget(name)
                 self.files_ingested += len(batch_files)
+                self.consecutive_failures = 0
+                self.last_error = ""
                 handled += len(batch_files)
             more = len(ready) > len(batch_files) and batch_files
             if not more:
@@ -203,8 +206,9 @@ class InboxWatcher:
 
     def _fail(self, exc: Exception) -> None:
         self.failures += 1
+        self.consecutive_failures += 1
         self.last_error = str(exc)
-        backoff = min(30.0, 0.5 * 2 ** min(self.failures, 6))
+        backoff = min(30.0, 0.25 * 2 ** min(self.consecutive_failures, 7))
         self.paused_until = time.monotonic() + backoff
         log.error("ingest failed, files stay in the inbox; retrying in %.1fs: %s", backoff, exc)
         threading.Timer(backoff + 0.05, self._wake.set).start()
