@@ -24,7 +24,7 @@ counts, without re-tokenizing).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -39,6 +39,9 @@ UNSORTED_NAME = "unsorted"
 # how many times a cluster's name, description and tags count in its profile, relative to
 # one occurrence in one member
 PROFILE_FIELD_WEIGHT = 2
+
+# queries remembered per snapshot (the hot cache; a new snapshot starts empty)
+HOT_CACHE_SIZE = 256
 
 _EMPTY_I = np.zeros(0, dtype=np.int32)
 _EMPTY_F = np.zeros(0, dtype=np.float32)
@@ -90,13 +93,6 @@ def idf(n_docs: int, df: np.ndarray | int, mode: str = "lucene") -> Any:
     return np.log1p((n_docs - df + 0.5) / (df + 0.5))
 
 
-def _counts(tokens: list[str]) -> dict[str, int]:
-    tf: dict[str, int] = {}
-    for t in tokens:
-        tf[t] = tf.get(t, 0) + 1
-    return tf
-
-
 def _epoch(created_at: str) -> float:
     dt = parse_time(created_at)
     return dt.timestamp() if dt is not None else math.nan
@@ -115,40 +111,226 @@ def _importance(m: Memory) -> float:
     return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.5
 
 
-class _Postings:
-    """term -> (slots int32, tf float32); copy-on-write across snapshots."""
+class _IdMap:
+    """memory id -> slot, persistent: a base dict that is never mutated plus a small overlay
+    (-1 = deleted) copied by each change. The overlay is folded into a new base when it
+    outgrows a quarter of the base, so a change costs O(overlay), amortized O(1) per id,
+    instead of a copy of the whole map per snapshot."""
 
-    __slots__ = ("terms",)
+    __slots__ = ("base", "over", "size")
 
-    def __init__(self, terms: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
-        self.terms = terms if terms is not None else {}
+    def __init__(
+        self, base: dict[str, int] | None = None, over: dict[str, int] | None = None, size: int = 0
+    ) -> None:
+        self.base = base if base is not None else {}
+        self.over = over if over is not None else {}
+        self.size = size
 
-    def extended(self, docs: list[tuple[int, dict[str, int]]]) -> _Postings:
-        if not docs:
+    def get(self, key: str) -> int | None:
+        v = self.over.get(key)
+        if v is None:
+            return self.base.get(key)
+        return None if v < 0 else v
+
+    def __len__(self) -> int:
+        return self.size
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        over = self.over
+        for k, v in self.base.items():
+            if k not in over:
+                yield k, v
+        for k, v in over.items():
+            if v >= 0:
+                yield k, v
+
+    def updated(self, changes: dict[str, int]) -> _IdMap:
+        """A new map with `changes` (slot, or -1 to delete) applied."""
+        if not changes:
             return self
-        grow: dict[str, tuple[list[int], list[int]]] = {}
-        for slot, tf in docs:
-            for term, n in tf.items():
-                entry = grow.get(term)
-                if entry is None:
-                    grow[term] = ([slot], [n])
+        over = dict(self.over)
+        size = self.size
+        for k, v in changes.items():
+            had = self.get(k) is not None
+            if v >= 0:
+                over[k] = v
+                size += not had
+            else:
+                if k in self.base:
+                    over[k] = -1
                 else:
-                    entry[0].append(slot)
-                    entry[1].append(n)
-        terms = dict(self.terms)
-        for term, (slots, tfs) in grow.items():
-            s = np.asarray(slots, dtype=np.int32)
-            f = np.asarray(tfs, dtype=np.float32)
-            old = terms.get(term)
-            if old is not None:
-                s = np.concatenate((old[0], s))
-                f = np.concatenate((old[1], f))
-            terms[term] = (s, f)
-        return _Postings(terms)
+                    over.pop(k, None)
+                size -= had
+        if len(over) > max(4096, len(self.base) // 4):
+            base = dict(_IdMap(self.base, over).items())
+            return _IdMap(base, {}, len(base))
+        return _IdMap(self.base, over, size)
+
+
+class _Slots:
+    """An append-only sequence of memories (by slot) shared between snapshots: chunks of
+    fixed size; extending copies the list of chunks and the last chunk only. (Copying one
+    flat list of 100k objects costs ~10 ms: every reference count is touched.)"""
+
+    __slots__ = ("chunks", "size")
+    CHUNK = 4096
+
+    def __init__(self, chunks: list[list[Memory]] | None = None, size: int = 0) -> None:
+        self.chunks = chunks if chunks is not None else []
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, slot: int) -> Memory:
+        return self.chunks[slot >> 12][slot & 4095]
+
+    def extended(self, items: list[Memory]) -> _Slots:
+        if not items:
+            return self
+        chunks = list(self.chunks)
+        i = 0
+        if chunks and len(chunks[-1]) < self.CHUNK:
+            room = self.CHUNK - len(chunks[-1])
+            chunks[-1] = chunks[-1] + items[:room]
+            i = room
+        while i < len(items):
+            chunks.append(items[i : i + self.CHUNK])
+            i += self.CHUNK
+        return _Slots(chunks, self.size + len(items))
+
+
+class _Segment:
+    """Postings of a contiguous range of slots [start, stop), in CSR form over term ids:
+    inverted (term -> slots, tf) and forward (slot -> terms, tf). Immutable."""
+
+    __slots__ = ("start", "stop", "indptr", "slots", "tf", "fptr", "ftid", "ftf")
+
+    def __init__(self, start: int, stop: int, indptr, slots, tf, fptr, ftid, ftf) -> None:  # type: ignore[no-untyped-def]
+        self.start, self.stop = start, stop
+        self.indptr: np.ndarray = indptr
+        self.slots: np.ndarray = slots
+        self.tf: np.ndarray = tf
+        self.fptr: np.ndarray = fptr
+        self.ftid: np.ndarray = ftid
+        self.ftf: np.ndarray = ftf
+
+    @property
+    def nnz(self) -> int:
+        return len(self.slots)
+
+    def postings(self, tid: int) -> tuple[np.ndarray, np.ndarray] | None:
+        if tid + 1 >= len(self.indptr):
+            return None
+        a, b = int(self.indptr[tid]), int(self.indptr[tid + 1])
+        if a == b:
+            return None
+        return self.slots[a:b], self.tf[a:b]
+
+
+def _ptr(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _make_segment(
+    start: int, n_docs: int, doc: np.ndarray, tid: np.ndarray, w: np.ndarray, n_terms: int
+) -> _Segment:
+    """A segment of `n_docs` documents from (local doc, term id, weight) entries, in one
+    numpy pass: entries of the same (term, doc) are summed."""
+    n = max(n_docs, 1)
+    key = tid.astype(np.int64) * n + doc.astype(np.int64)
+    uk, inv = np.unique(key, return_inverse=True)
+    tf = np.bincount(inv.ravel(), weights=w, minlength=len(uk)).astype(np.float32)
+    t = uk // n
+    d = (uk % n).astype(np.int32)
+    indptr = _ptr(np.bincount(t, minlength=n_terms)[:n_terms])
+    order = np.argsort(d, kind="stable")
+    fptr = _ptr(np.bincount(d, minlength=n_docs)[:n_docs])
+    return _Segment(
+        start,
+        start + n_docs,
+        indptr,
+        (d + start).astype(np.int32),
+        tf,
+        fptr,
+        t[order].astype(np.int32),
+        tf[order],
+    )
+
+
+def _merge(a: _Segment, b: _Segment, alive: np.ndarray, n_terms: int) -> _Segment:
+    """Two adjacent segments as one; postings of dead slots are dropped."""
+    tid = np.concatenate(
+        (
+            np.repeat(np.arange(len(a.indptr) - 1), np.diff(a.indptr)),
+            np.repeat(np.arange(len(b.indptr) - 1), np.diff(b.indptr)),
+        )
+    )
+    slots = np.concatenate((a.slots, b.slots))
+    tf = np.concatenate((a.tf, b.tf))
+    keep = alive[slots]
+    tid, slots, tf = tid[keep], slots[keep], tf[keep]
+    order = np.argsort(tid, kind="stable")  # two sorted runs: a linear merge
+    indptr = _ptr(np.bincount(tid, minlength=n_terms)[:n_terms])
+    fptr = np.concatenate((a.fptr, b.fptr[1:] + a.fptr[-1]))
+    return _Segment(
+        a.start,
+        b.stop,
+        indptr,
+        slots[order],
+        tf[order],
+        fptr,
+        np.concatenate((a.ftid, b.ftid)),
+        np.concatenate((a.ftf, b.ftf)),
+    )
+
+
+def _with_segment(
+    segs: tuple[_Segment, ...], new: _Segment | None, alive: np.ndarray, n_terms: int
+) -> tuple[_Segment, ...]:
+    """Append a segment, then merge the tail like a binary counter: a small segment merges
+    into its predecessor once it is half its size, so every posting is copied O(log n)
+    times and a query looks at O(log n) segments."""
+    if new is None:
+        return segs
+    out = [*segs, new]
+    while len(out) > 1 and (out[-1].nnz * 2 >= out[-2].nnz or len(out) > 16):
+        b = out.pop()
+        out[-1] = _merge(out[-1], b, alive, n_terms)
+    return tuple(out)
+
+
+def _forward(
+    segs: tuple[_Segment, ...], slots: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(position in `slots`, term id, tf) of every term of these slots."""
+    pos_l, tid_l, tf_l = [], [], []
+    for seg in segs:
+        m = (slots >= seg.start) & (slots < seg.stop)
+        if not m.any():
+            continue
+        pos = np.flatnonzero(m)
+        loc = slots[m] - seg.start
+        a = seg.fptr[loc]
+        lens = seg.fptr[loc + 1] - a
+        total = int(lens.sum())
+        if not total:
+            continue
+        offs = np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)
+        pos_l.append(np.repeat(pos, lens))
+        tid_l.append(seg.ftid[offs])
+        tf_l.append(seg.ftf[offs])
+    if not pos_l:
+        return _EMPTY_I, _EMPTY_I, _EMPTY_F
+    return np.concatenate(pos_l), np.concatenate(tid_l), np.concatenate(tf_l)
 
 
 class Index:
     """One immutable snapshot of the store for retrieval; share it freely between threads."""
+
+    FORMAT = 2  # of the pickled form (the engine's start-up snapshot)
 
     def __init__(self, cfg: Any = None, ingest: IngestConfig | None = None) -> None:
         if cfg is not None and hasattr(cfg, "retrieval"):  # a whole Config
@@ -156,9 +338,12 @@ class Index:
             cfg = cfg.retrieval
         self.cfg: RetrievalConfig = cfg or RetrievalConfig()
         self.ingest: IngestConfig = ingest or IngestConfig()
+        self._format = self.FORMAT
+        # term -> id; append-only and shared by every snapshot of one lineage (an old
+        # snapshot ignores ids beyond its segments)
+        self._vocab: dict[str, int] = {}
         # memory slots
-        self._mems: list[Memory] = []
-        self._tf: list[dict[str, int]] = []
+        self._mems = _Slots()
         self._len = _EMPTY_F
         self._alive = np.zeros(0, dtype=bool)
         self._group = _EMPTY_I  # cluster slot, -1 = unsorted
@@ -170,8 +355,8 @@ class Index:
         self._tok = _EMPTY_I  # estimated tokens of each memory's content
         self._dn = _EMPTY_F
         self._c_dn = _EMPTY_F
-        self._post = _Postings()
-        self._slot_of: dict[str, int] = {}
+        self._segs: tuple[_Segment, ...] = ()
+        self._slot_of = _IdMap()
         self._n_alive = 0
         self._total_len = 0.0
         # cluster slots
@@ -179,12 +364,24 @@ class Index:
         self._members: list[np.ndarray] = []
         self._c_len = _EMPTY_F
         self._c_alive = np.zeros(0, dtype=bool)
-        self._cpost = _Postings()
+        self._csegs: tuple[_Segment, ...] = ()
         self._cslot_of: dict[str, int] = {}
         self._c_total_len = 0.0
         # superseded memory slot -> successor slot (both alive)
         self._sup_old = _EMPTY_I
         self._sup_new = _EMPTY_I
+        self._cache: dict[tuple, SearchResult] = {}
+        self.cache_hits = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("_format") != self.FORMAT:
+            raise ValueError("index snapshot of an older format")
+        self.__dict__.update(state)
 
     # ----------------------------------------------------------------- building
     @classmethod
@@ -210,10 +407,15 @@ class Index:
         return self._clusters[cs] if cs is not None else None
 
     def memory_ids(self) -> set[str]:
-        return set(self._slot_of)
+        return {mid for mid, _ in self._slot_of.items()}
 
     def _tokens(self, text: str) -> list[str]:
         return tokenize(text, stem=self.cfg.stemmer, stopwords=self.cfg.stopwords)
+
+    def _term_ids(self, text: str) -> list[int]:
+        """Query term ids (terms no memory has are dropped: they score nothing)."""
+        get = self._vocab.get
+        return [i for i in map(get, self._tokens(text)) if i is not None]
 
     def apply(
         self,
@@ -231,7 +433,7 @@ class Index:
         remove_clusters: Iterable[str],
         add_unsorted: Iterable[Memory],
         remove_unsorted: Iterable[str],
-        cache: dict[str, dict[str, int]] | None = None,
+        terms_of: Callable[[Memory], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> Index:
         upsert: dict[str, Cluster] = {c.id: c for c in upsert_clusters}
         removed = [cid for cid in remove_clusters if cid not in upsert]
@@ -242,20 +444,46 @@ class Index:
 
         new = Index.__new__(Index)
         new.__dict__.update(self.__dict__)
+        new._cache = {}
+        new.cache_hits = 0
+        base, cbase = len(self._mems), len(self._clusters)
         alive = self._alive.copy()
         c_alive = self._c_alive.copy()
-        slot_of = dict(self._slot_of)
+        group = self._group.copy()
+        old_map = self._slot_of
+        changes: dict[str, int] = {}
         cslot_of = dict(self._cslot_of)
         n_alive, total_len = self._n_alive, self._total_len
         c_total_len = self._c_total_len
+        # every memory that has a place after this change (the last place named wins)
+        claimed: set[str] = {m.id for c in upsert.values() for m in c.memories}
+        claimed.update(m.id for m in add_u)
 
-        def kill(mid: str) -> None:
+        def lookup(mid: str) -> int | None:
+            v = changes.get(mid)
+            if v is None:
+                return old_map.get(mid)
+            return None if v < 0 else v
+
+        new_mems: list[Memory] = []
+        new_len: list[float] = []
+        new_alive: list[bool] = []
+        new_group: list[int] = []
+
+        def kill(slot: int) -> None:
             nonlocal n_alive, total_len
-            slot = slot_of.pop(mid, None)
-            if slot is not None:
+            if slot >= base:
+                if new_alive[slot - base]:
+                    new_alive[slot - base] = False
+                    n_alive -= 1
+                    total_len -= new_len[slot - base]
+            elif alive[slot]:
                 alive[slot] = False
                 n_alive -= 1
                 total_len -= float(self._len[slot])
+            mid = (self._mems[slot] if slot < base else new_mems[slot - base]).id
+            if lookup(mid) == slot:
+                changes[mid] = -1
 
         for cid in [*removed, *upsert]:
             cs = cslot_of.pop(cid, None)
@@ -264,117 +492,144 @@ class Index:
             c_alive[cs] = False
             c_total_len -= float(self._c_len[cs])
             for slot in self._members[cs].tolist():
-                if alive[slot]:
-                    kill(self._mems[slot].id)
+                if alive[slot] and self._mems[slot].id not in claimed:
+                    kill(slot)
         for mid in rm_u:
-            slot = slot_of.get(mid)
-            if slot is not None and self._group[slot] < 0:
-                kill(mid)
+            slot = old_map.get(mid)
+            if slot is not None and self._group[slot] < 0 and mid not in claimed:
+                kill(slot)
 
-        def term_counts(m: Memory) -> dict[str, int]:
-            if cache is not None and m.id in cache:
-                return cache[m.id]
-            old = self._slot_of.get(m.id)
-            if old is not None and self._mems[old].content == m.content:
-                return self._tf[old]
-            return _counts(self._tokens(m.content))
+        vocab = self._vocab
+        all_tids: list[int] = []
+        doc_terms: list[tuple[np.ndarray, np.ndarray]] = []
+        tokens = self._tokens
+        placed: set[str] = set()
 
-        mems: list[Memory] = []
-        tfs: list[dict[str, int]] = []
-        group: list[int] = []
-        prev: list[int] = []
-        nxt: list[int] = []
-        base = len(self._mems)
-        cbase = len(self._clusters)
-        new_clusters: list[Cluster] = []
-        members: list[np.ndarray] = []
-        c_docs: list[tuple[int, dict[str, int]]] = []
-        c_lens: list[float] = []
-
-        def add(m: Memory, g: int) -> int:
+        def place(m: Memory, g: int) -> int:
             nonlocal n_alive, total_len
-            if m.id in slot_of:  # a memory lives in one place: the newest wins
-                kill(m.id)
-            tf = term_counts(m)
-            slot = base + len(mems)
-            mems.append(m)
-            tfs.append(tf)
-            group.append(g)
-            prev.append(-1)
-            nxt.append(-1)
-            slot_of[m.id] = slot
+            slot = lookup(m.id)
+            if slot is not None:
+                if m.id in placed:  # named twice in one change: the later place wins
+                    kill(slot)
+                elif slot < base and (self._mems[slot] is m or self._mems[slot] == m):
+                    group[slot] = g  # unchanged memory: keep its slot (and postings)
+                    placed.add(m.id)
+                    return slot
+                else:
+                    kill(slot)
+            placed.add(m.id)
+            slot = base + len(new_mems)
+            new_mems.append(m)
+            new_alive.append(True)
+            new_group.append(g)
+            if terms_of is None:
+                ids = [vocab.setdefault(t, len(vocab)) for t in tokens(m.content)]
+                all_tids.extend(ids)
+                new_len.append(float(len(ids)))
+            else:
+                tid, tf = terms_of(m)
+                doc_terms.append((tid, tf))
+                new_len.append(float(tf.sum()))
+            changes[m.id] = slot
             n_alive += 1
-            total_len += sum(tf.values())
+            total_len += new_len[-1]
             return slot
 
-        for c in upsert.values():
-            cs = cbase + len(new_clusters)
-            new_clusters.append(c)
+        chains: list[list[int]] = []
+        labels: list[list[int]] = []
+        for j, c in enumerate(upsert.values()):
+            cs = cbase + j
             cslot_of[c.id] = cs
             seen: set[str] = set()
-            slots: list[int] = []
-            profile: dict[str, int] = {}
+            chain: list[int] = []
             for m in sorted(c.memories, key=_time_key):
-                if m.id in seen:
-                    continue
-                seen.add(m.id)
-                slot = add(m, cs)
-                if slots:
-                    prev[slot - base] = slots[-1]
-                    nxt[slots[-1] - base] = slot
-                slots.append(slot)
-                for t, n in tfs[-1].items():
-                    profile[t] = profile.get(t, 0) + n
+                if m.id not in seen:
+                    seen.add(m.id)
+                    chain.append(place(m, cs))
+            chains.append(chain)
             label = " ".join([c.name, c.description, *c.tags])
-            for t in self._tokens(label):
-                profile[t] = profile.get(t, 0) + PROFILE_FIELD_WEIGHT
-            members.append(np.asarray(slots, dtype=np.int32))
-            c_docs.append((cs, profile))
-            c_lens.append(float(sum(profile.values())))
-            c_total_len += c_lens[-1]
-        for m in add_u:
-            add(m, -1)
+            labels.append([vocab.setdefault(t, len(vocab)) for t in tokens(label)])
+        loose = [place(m, -1) for m in add_u]
 
-        k = len(mems)
-        new._mems = self._mems + mems
-        new._tf = self._tf + tfs
-        new._len = np.concatenate(
-            (self._len, np.asarray([sum(tf.values()) for tf in tfs], dtype=np.float32))
-        )
-        new._alive = np.concatenate((alive, np.ones(k, dtype=bool)))
-        new._group = np.concatenate((self._group, np.asarray(group, dtype=np.int32)))
-        new._prev = np.concatenate((self._prev, np.asarray(prev, dtype=np.int32)))
-        new._next = np.concatenate((self._next, np.asarray(nxt, dtype=np.int32)))
+        k = len(new_mems)
+        n_terms = len(vocab)
+        new._alive = np.concatenate((alive, np.asarray(new_alive, dtype=bool)))
+        new._group = np.concatenate((group, np.asarray(new_group, dtype=np.int32)))
+        prev = np.concatenate((self._prev, np.full(k, -1, dtype=np.int32)))
+        nxt = np.concatenate((self._next, np.full(k, -1, dtype=np.int32)))
+        for chain in chains:
+            if chain:
+                sl = np.asarray(chain, dtype=np.int64)
+                prev[sl[0]] = -1
+                nxt[sl[-1]] = -1
+                prev[sl[1:]] = sl[:-1]
+                nxt[sl[:-1]] = sl[1:]
+        if loose:
+            sl = np.asarray(loose, dtype=np.int64)
+            prev[sl] = -1
+            nxt[sl] = -1
+        new._prev, new._next = prev, nxt
+        new._mems = self._mems.extended(new_mems)
+        new._len = np.concatenate((self._len, np.asarray(new_len, dtype=np.float32)))
         new._ts = np.concatenate(
-            (self._ts, np.asarray([_epoch(m.created_at) for m in mems], dtype=np.float64))
+            (self._ts, np.asarray([_epoch(m.created_at) for m in new_mems], dtype=np.float64))
         )
         new._imp = np.concatenate(
-            (self._imp, np.asarray([_importance(m) for m in mems], dtype=np.float32))
+            (self._imp, np.asarray([_importance(m) for m in new_mems], dtype=np.float32))
         )
-        new._post = self._post.extended([(base + i, tf) for i, tf in enumerate(tfs)])
-        # a slot added and then replaced inside this same batch must be dead too
-        live_new = np.zeros(k, dtype=bool)
-        for slot in slot_of.values():
-            if slot >= base:
-                live_new[slot - base] = True
-        new._alive[base:] = live_new
-        new._slot_of = slot_of
+        new._tok = np.concatenate(
+            (
+                self._tok,
+                np.asarray([estimate_tokens(m.content) for m in new_mems], dtype=np.int32),
+            )
+        )
+        seg = None
+        if k:
+            if terms_of is None:
+                lens = np.asarray(new_len, dtype=np.int64)
+                doc = np.repeat(np.arange(k, dtype=np.int64), lens)
+                tid = np.asarray(all_tids, dtype=np.int64)
+                w = np.ones(len(tid), dtype=np.float64)
+            else:
+                doc = np.repeat(np.arange(k), [len(t) for t, _ in doc_terms])
+                tid = np.concatenate([t for t, _ in doc_terms] or [_EMPTY_I])
+                w = np.concatenate([f for _, f in doc_terms] or [_EMPTY_F]).astype(np.float64)
+            seg = _make_segment(base, k, doc, tid, w, n_terms)
+        new._segs = _with_segment(self._segs, seg, new._alive, n_terms)
+        new._slot_of = old_map.updated(changes)
         new._n_alive = n_alive
         new._total_len = total_len
 
-        new._clusters = self._clusters + new_clusters
+        # cluster profiles: the members' term counts (from the forward postings, never
+        # re-tokenized) plus the label terms, weighted
+        nc = len(upsert)
+        members = [np.asarray(ch, dtype=np.int32) for ch in chains]
+        cseg = None
+        c_lens: np.ndarray = np.zeros(nc, dtype=np.float64)
+        if nc:
+            all_members = np.concatenate(members) if members else _EMPTY_I
+            owner = np.repeat(np.arange(nc), [len(ch) for ch in chains])
+            pos, tid_m, tf_m = _forward(new._segs, all_members)
+            lab_doc = np.repeat(np.arange(nc), [len(lb) for lb in labels])
+            lab_tid = np.asarray([t for lb in labels for t in lb], dtype=np.int64)
+            cdoc = np.concatenate((owner[pos], lab_doc)).astype(np.int64)
+            ctid = np.concatenate((tid_m.astype(np.int64), lab_tid))
+            cw = np.concatenate(
+                (tf_m.astype(np.float64), np.full(len(lab_tid), float(PROFILE_FIELD_WEIGHT)))
+            )
+            c_lens = np.bincount(cdoc, weights=cw, minlength=nc)[:nc]
+            c_total_len += float(c_lens.sum())
+            cseg = _make_segment(cbase, nc, cdoc, ctid, cw, n_terms)
+        new._clusters = self._clusters + list(upsert.values())
         new._members = self._members + members
-        new._c_len = np.concatenate((self._c_len, np.asarray(c_lens, dtype=np.float32)))
-        new._c_alive = np.concatenate((c_alive, np.ones(len(new_clusters), dtype=bool)))
-        new._cpost = self._cpost.extended(c_docs)
+        new._c_len = np.concatenate((self._c_len, c_lens.astype(np.float32)))
+        new._c_alive = np.concatenate((c_alive, np.ones(nc, dtype=bool)))
+        new._csegs = _with_segment(self._csegs, cseg, new._c_alive, n_terms)
         new._cslot_of = cslot_of
         new._c_total_len = c_total_len
         new._link_supersedes()
         new._unsorted = new._group < 0
         new._length_norms()
-        new._tok = np.concatenate(
-            (self._tok, np.asarray([estimate_tokens(m.content) for m in mems], dtype=np.int32))
-        )
 
         dead = len(new._mems) - new._n_alive
         if dead > max(1024, new._n_alive):
@@ -385,7 +640,10 @@ class Index:
         old: list[int] = []
         newer: list[int] = []
         for cs in self._cslot_of.values():
-            for new_mid, old_mid in self._clusters[cs].supersedes.items():
+            sup = self._clusters[cs].supersedes
+            if not sup:
+                continue
+            for new_mid, old_mid in sup.items():
                 a, b = self._slot_of.get(old_mid), self._slot_of.get(new_mid)
                 if a is not None and b is not None and a != b:
                     old.append(a)
@@ -394,15 +652,41 @@ class Index:
         self._sup_new = np.asarray(newer, dtype=np.int32)
 
     def _compacted(self) -> Index:
-        """A full rebuild from the live memories, reusing their cached term counts."""
-        cache = {mid: self._tf[slot] for mid, slot in self._slot_of.items()}
+        """A rebuild from the live memories, reusing their postings (no re-tokenizing)."""
+        live = sorted(slot for _, slot in self._slot_of.items())
+        slots = np.asarray(live, dtype=np.int32)
+        pos, tid, tf = _forward(self._segs, slots)
+        order = np.argsort(pos, kind="stable")
+        pos, tid, tf = pos[order], tid[order], tf[order]
+        bounds = np.searchsorted(pos, np.arange(len(live) + 1))
+        terms = {
+            self._mems[s].id: (tid[bounds[i] : bounds[i + 1]], tf[bounds[i] : bounds[i + 1]])
+            for i, s in enumerate(live)
+        }
         clusters = [self._clusters[cs] for cs in self._cslot_of.values()]
-        unsorted = [self._mems[s] for s in self._slot_of.values() if self._group[s] < 0]
-        return Index(self.cfg, self.ingest)._apply(clusters, (), unsorted, (), cache)
+        unsorted = [self._mems[s] for s in live if self._group[s] < 0]
+        fresh = Index(self.cfg, self.ingest)
+        fresh._vocab = self._vocab
+
+        def terms_of(m: Memory) -> tuple[np.ndarray, np.ndarray]:
+            got = terms.get(m.id)
+            if got is None:  # not live (an inconsistent change): count it afresh
+                ids = [
+                    fresh._vocab.setdefault(t, len(fresh._vocab)) for t in self._tokens(m.content)
+                ]
+                return np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.float32)
+            return got
+
+        return fresh._apply(clusters, (), unsorted, (), terms_of)
 
     # ------------------------------------------------------------------ scoring
     def _bm25(
-        self, q: list[str], post: _Postings, alive: np.ndarray, dn: np.ndarray, n_docs: int
+        self,
+        q: list[int],
+        segs: tuple[_Segment, ...],
+        alive: np.ndarray,
+        dn: np.ndarray,
+        n_docs: int,
     ) -> np.ndarray:
         """BM25 of every slot; `dn` is k1 * (1 - b + b * len / avgdl) per slot."""
         scores = np.zeros(len(alive), dtype=np.float32)
@@ -411,16 +695,19 @@ class Index:
         k1p = self.cfg.k1 + 1.0
         mode = self.cfg.idf
         all_alive = n_docs == len(alive)
-        for term in q:
-            entry = post.terms.get(term)
-            if entry is None:
+        for tid in q:
+            parts = [p for p in (seg.postings(tid) for seg in segs) if p is not None]
+            if not parts:
                 continue
-            slots, tf = entry
-            df = len(slots) if all_alive else int(np.count_nonzero(alive[slots]))
+            if all_alive:
+                df = sum(len(sl) for sl, _ in parts)
+            else:
+                df = sum(int(np.count_nonzero(alive[sl])) for sl, _ in parts)
             if df == 0:
                 continue
             w = float(idf(n_docs, df, mode)) * k1p
-            scores[slots] += w * tf / (tf + dn[slots])
+            for slots, tf in parts:
+                scores[slots] += w * tf / (tf + dn[slots])
         if not all_alive:
             scores[~alive] = 0.0
         return scores
@@ -436,18 +723,24 @@ class Index:
 
     def memory_scores(self, text: str) -> dict[str, float]:
         """Plain BM25 of every live memory with global IDF (for tests and diagnostics)."""
-        s = self._mem_bm25(self._tokens(text))
+        s = self._mem_bm25(self._term_ids(text))
         return {m: float(s[slot]) for m, slot in self._slot_of.items()}
 
-    def _mem_bm25(self, q: list[str]) -> np.ndarray:
-        return self._bm25(q, self._post, self._alive, self._dn, self._n_alive)
+    def _mem_bm25(self, q: list[int]) -> np.ndarray:
+        return self._bm25(q, self._segs, self._alive, self._dn, self._n_alive)
 
-    def _cluster_bm25(self, q: list[str]) -> np.ndarray:
-        return self._bm25(q, self._cpost, self._c_alive, self._c_dn, len(self._cslot_of))
+    def _cluster_bm25(self, q: list[int]) -> np.ndarray:
+        return self._bm25(q, self._csegs, self._c_alive, self._c_dn, len(self._cslot_of))
 
     def _rank(
-        self, q: list[str], limit: int, now: float | None
+        self,
+        words: list[str],
+        limit: int,
+        now: float | None,
+        only: Sequence[str] | None = None,
     ) -> tuple[list[tuple[Hit, int]], list[tuple[str, str, float]]]:
+        get = self._vocab.get
+        q = [i for i in map(get, words) if i is not None]
         if not q or self._n_alive == 0:
             return [], []
         cfg = self.cfg
@@ -457,7 +750,19 @@ class Index:
         chosen: list[tuple[str, str, float]] = []
         c_norm = np.zeros(len(cs) + 1, dtype=np.float32)  # last entry: unsorted (-1)
         selected = np.zeros(len(cs) + 1, dtype=bool)
-        if len(cs) and cfg.top_clusters > 0:
+        if only is not None:  # the caller (SLM refinement) chose the clusters
+            picked = [self._cslot_of[c] for c in dict.fromkeys(only) if c in self._cslot_of]
+            order = np.asarray(picked, dtype=np.int64)
+            if len(order):
+                cmax = float(cs[order].max())
+                if cmax > 0:
+                    c_norm[:-1] = np.maximum(cs / cmax, 0.0)
+                selected[order] = True
+                chosen = [
+                    (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
+                    for i in order.tolist()
+                ]
+        elif len(cs) and cfg.top_clusters > 0:
             order = np.argsort(-cs, kind="stable")[: cfg.top_clusters]
             order = order[cs[order] > 0]
             if len(order):
@@ -494,11 +799,16 @@ class Index:
             )
         score = np.where(eligible & (score > 0), score, 0.0)
         nz = np.flatnonzero(score)
-        if len(nz) > limit:
-            nz = nz[np.argpartition(-score[nz], limit - 1)[:limit]]
-        nz = nz[np.lexsort((nz, -score[nz]))]
+        if len(nz) > limit:  # the top `limit` and everything tied with the last of them
+            kth = np.partition(score[nz], len(nz) - limit)[len(nz) - limit]
+            nz = nz[score[nz] >= kth]
+        # ties broken by memory id, not by slot: the same store gives the same order
+        # however its snapshot was built
+        sc = score[nz].tolist()
+        mems = self._mems
+        top = sorted(zip(nz.tolist(), sc), key=lambda p: (-p[1], mems[p[0]].id))[:limit]
         hits = []
-        for slot in nz.tolist():
+        for slot, _ in top:
             g = int(self._group[slot])
             c = self._clusters[g] if g >= 0 else None
             name = (c.name or c.id) if c else UNSORTED_NAME
@@ -529,20 +839,33 @@ class Index:
         token_budget: int | None = None,
         archive: Index | None = None,
         now: datetime | None = None,
+        clusters: Sequence[str] | None = None,
     ) -> SearchResult:
         """Top memories for `text`: ranked by score, deduplicated, cut to k and the budget.
 
         `token_budget` None means the configured budget; 0 or less means no budget.
         `archive` is another snapshot (the archived clusters) merged into the ranking.
+        `clusters` replaces the lexical cluster choice (ids of hot clusters; unknown ids
+        are ignored): the SLM refinement passes its pick here.
+
+        Results are cached per snapshot (see `HOT_CACHE_SIZE`): a snapshot never changes,
+        so a repeated query on it has the same answer; a new snapshot starts empty.
         """
         k = self.cfg.max_memories if max_memories is None else max_memories
         budget = self.cfg.token_budget if token_budget is None else token_budget
         if k <= 0:
             return SearchResult()
+        cacheable = archive is None and now is None and not self.cfg.use_freshness
+        key = (text, k, budget, tuple(clusters) if clusters is not None else None)
+        if cacheable:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self.cache_hits += 1
+                return hit
         q = self._tokens(text)
         ts = now.timestamp() if now is not None else None
         limit = k if budget <= 0 and archive is None else k * 3 + 8
-        hits, chosen = self._rank(q, limit, ts)
+        hits, chosen = self._rank(q, limit, ts, clusters)
         if archive is not None:
             a_hits, a_chosen = archive._rank(q, limit, ts)
             hits = sorted(hits + a_hits, key=lambda hc: -hc[0].score)
@@ -561,7 +884,36 @@ class Index:
             if len(out) >= k:
                 break
         context = format_context(out)
-        return SearchResult(out, chosen, context, estimate_tokens(context))
+        res = SearchResult(out, chosen, context, estimate_tokens(context))
+        if cacheable:
+            self._remember(key, res)
+        return res
+
+    def _remember(self, key: tuple, res: SearchResult) -> None:
+        """Insert into the per-snapshot cache without a lock: dict operations are atomic
+        under the GIL; a race costs at most one extra eviction or a recomputation."""
+        cache = self._cache
+        cache[key] = res
+        while len(cache) > HOT_CACHE_SIZE:
+            try:
+                del cache[next(iter(cache))]
+            except (KeyError, RuntimeError, StopIteration):
+                break
+
+    def cluster_candidates(self, text: str, n: int) -> list[tuple[str, str, float]]:
+        """The `n` best hot clusters for `text` by profile BM25 (positive scores only):
+        the lexical pre-filter of the SLM refinement."""
+        get = self._vocab.get
+        q = [i for i in map(get, self._tokens(text)) if i is not None]
+        if not q or not self._cslot_of or n <= 0:
+            return []
+        cs = self._cluster_bm25(q)
+        order = np.argsort(-cs, kind="stable")[:n]
+        return [
+            (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
+            for i in order.tolist()
+            if cs[i] > 0
+        ]
 
     def route(self, memory: Memory) -> str | None:
         """The cluster a new memory clearly belongs to, or None (it goes to unsorted).
@@ -571,7 +923,7 @@ class Index:
         """
         if not self._cslot_of:
             return None
-        cs = self._cluster_bm25(self._tokens(memory.content))
+        cs = self._cluster_bm25(self._term_ids(memory.content))
         if not len(cs):
             return None
         top = np.argsort(-cs, kind="stable")[:2]

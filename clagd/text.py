@@ -41,6 +41,19 @@ def _stem(word: str) -> str:
     return _stemmer.stemWord(word)
 
 
+# word -> index term ("" = dropped), one table per (stem, stopwords) setting; the vocabulary
+# of a store is a few tens of thousands of words, so the tables stay small
+_TERMS: dict[tuple[bool, bool], dict[str, str]] = {}
+_MAX_TERMS = 500_000
+
+
+def _term_table(stem: bool, stopwords: bool) -> dict[str, str]:
+    table = _TERMS.get((stem, stopwords))
+    if table is None or len(table) > _MAX_TERMS:
+        table = _TERMS[(stem, stopwords)] = {}
+    return table
+
+
 def words(text: str) -> list[str]:
     """Lowercased alphanumeric runs, in order (apostrophes split words: "don't" -> don, t)."""
     return _WORD_RE.findall(text.lower())
@@ -48,12 +61,22 @@ def words(text: str) -> list[str]:
 
 def tokenize(text: str, stem: bool = True, stopwords: bool = True) -> list[str]:
     """Index terms of `text`: lowercase words, stopwords dropped, Snowball-stemmed."""
-    toks = _WORD_RE.findall(text.lower())
-    if stopwords:
-        toks = [w for w in toks if w not in STOPWORDS]
-    if stem:
-        toks = [_stem(w) for w in toks]
-    return toks
+    table = _term_table(stem, stopwords)
+    get = table.get
+    out = []
+    for w in _WORD_RE.findall(text.lower()):
+        t = get(w)
+        if t is None:
+            t = "" if stopwords and w in STOPWORDS else (_stemmer.stemWord(w) if stem else w)
+            table[w] = t
+        if t:
+            out.append(t)
+    return out
+
+
+def tokenize_many(texts: list[str], stem: bool = True, stopwords: bool = True) -> list[list[str]]:
+    """`tokenize` of each text (the batch form the index build uses)."""
+    return [tokenize(t, stem, stopwords) for t in texts]
 
 
 def stem(word: str) -> str:
