@@ -276,7 +276,12 @@ class Engine:
             raise BadRequest("'token_budget' must be a non-negative integer")
         t0 = time.perf_counter()
         archive = self.archive_index() if include_archive else None
-        res = self.index.search(text, max_memories, token_budget, archive=archive)
+        index = self.index  # one snapshot for the whole query
+        # optional SLM pick among the lexical candidates (None: the lexical choice);
+        # `refiner` is set by the daemon when retrieval.slm_refine is on
+        refiner = getattr(self, "refiner", None)
+        chosen = refiner.choose(index, text) if refiner is not None else None
+        res = index.search(text, max_memories, token_budget, archive=archive, clusters=chosen)
         out = res.to_dict()
         archived_ids = (
             {c["id"] for c in self._summaries if c["archived"]} if include_archive else set()
