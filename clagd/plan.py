@@ -28,6 +28,7 @@ TAG_MAX_CHARS = 24
 MAX_TAGS = 5
 REASON_MAX_CHARS = 300
 NEW_PREFIX = "new:"
+NAME_PATTERN = "^[A-Za-z0-9']{1,20}( [A-Za-z0-9']{1,20}){1,4}$"
 _NEW_ALIAS_RE = re.compile(r"^N(\d+)$")
 
 
@@ -149,7 +150,8 @@ def build_schema(
     targets = list(cluster_aliases) + [f"N{i}" for i in range(1, max_new + 1)]
     cluster_props: dict[str, Any] = {
         "id": {"enum": targets},
-        "name": {"type": "string", "minLength": 3, "maxLength": NAME_MAX_CHARS},
+        # 2-5 words; a grammar-constrained decoder cannot produce anything else
+        "name": {"type": "string", "pattern": NAME_PATTERN, "maxLength": NAME_MAX_CHARS},
         "description": {"type": "string", "maxLength": DESCRIPTION_MAX_CHARS},
         "tags": {
             "type": "array",

@@ -8,6 +8,7 @@ decides what a failure means (retry with another seed, or the lexical fallback).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -90,7 +91,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 
 def schema_errors(value: Any, schema: dict[str, Any], path: str = "$") -> list[str]:
     """The subset of JSON Schema clagd's schemas use: type, enum, properties, required,
-    additionalProperties, items, min/maxItems, min/maxLength. Returns readable problems."""
+    additionalProperties, items, min/maxItems, min/maxLength, pattern. Returns readable problems."""
     errors: list[str] = []
     typ = schema.get("type")
     if typ is not None:
@@ -129,6 +130,8 @@ def schema_errors(value: Any, schema: dict[str, Any], path: str = "$") -> list[s
             errors.append(f"{path} is shorter than {schema['minLength']} characters")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(f"{path} is longer than {schema['maxLength']} characters")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
     return errors
 
 
