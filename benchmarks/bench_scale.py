@@ -1,0 +1,260 @@
+"""Benchmarks at scale (issue 7): stores of 1k, 10k and 100k memories in clusters.
+
+For each size, against a real daemon (`python -m clagd run`, a subprocess) over its real
+Unix socket:
+  * start-up: from the YAML files (first start / after a crash) and from the start-up
+    snapshot (after a clean stop), until the daemon answers `ping`;
+  * RSS of the daemon process (VmRSS, after the queries);
+  * query latency p50/p99 with 1 client and with 16 concurrent clients (processes), each
+    query distinct (no hot-cache hits), plus the hot (repeated) query latency;
+  * ingest throughput: memories dropped into the inbox as files (tmp + rename), inbox to
+    commit;
+and, in the same run over the same memories, flat rank-bm25 (BM25Okapi.get_top_n) and bm25s
+(in-process, no socket), as ratios.
+
+Memories are LoCoMo turns recombined (`corpus.py`); clusters are runs of 50 consecutive
+memories written straight into cluster files (what a clustering session would produce).
+
+    python benchmarks/bench_scale.py [--sizes 1000,10000,100000] [--queries 300] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from corpus import memories, queries  # noqa: E402
+from helpers import DaemonProcess, git, make_store, wait_for  # noqa: E402
+
+from clagd.client import Client  # noqa: E402
+from clagd.model import Cluster, Memory  # noqa: E402
+from clagd.store import Paths, write_cluster  # noqa: E402
+from clagd.text import tokenize  # noqa: E402
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+PER_CLUSTER = 50
+
+
+def say(msg: str) -> None:
+    print(f"[bench_scale] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(samples: list[float], p: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+
+def build_store(root: Path, texts: list[str]) -> Path:
+    store = make_store(
+        root, {"inbox": {"settle_seconds": 0.2, "rescan_seconds": 0.5, "debounce_seconds": 0.05}}
+    )
+    paths = Paths(store)
+    for c in range(0, len(texts), PER_CLUSTER):
+        chunk = texts[c : c + PER_CLUSTER]
+        mems = [
+            Memory.new(t, (T0 + timedelta(hours=c, seconds=10 * i)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            for i, t in enumerate(chunk)
+        ]
+        words = [w for w in tokenize(chunk[0], stem=False) if len(w) > 3][:3] or ["notes"]
+        cid = f"c-{c // PER_CLUSTER:08x}"
+        write_cluster(paths, Cluster(cid, " ".join(words), f"{len(mems)} memories.", memories=mems))
+    git(store, "add", "-A", "clusters")
+    git(store, "commit", "-qm", "bench: clusters")
+    return store
+
+
+def _client_worker(args: tuple[str, list[str]]) -> list[float]:
+    sock, qs = args
+    out = []
+    with Client(sock, timeout=60) as c:
+        for q in qs:
+            t = time.perf_counter()
+            c.query(q)
+            out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def socket_latency(sock: str, qs: list[str], clients: int) -> list[float]:
+    if clients == 1:
+        return _client_worker((sock, qs))
+    parts = [(sock, qs[i::clients]) for i in range(clients)]
+    with mp.get_context("fork").Pool(clients) as pool:
+        return [x for part in pool.map(_client_worker, parts) for x in part]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start(d: DaemonProcess) -> float:
+    t = time.perf_counter()
+    d.start()
+    return time.perf_counter() - t
+
+
+def flat_baselines(texts: list[str], qs: list[str], n_q: int) -> dict:
+    from rank_bm25 import BM25Okapi
+
+    toks = [tokenize(t) for t in texts]
+    t = time.perf_counter()
+    okapi = BM25Okapi(toks, k1=1.2, b=0.75)
+    okapi_build = time.perf_counter() - t
+    lat = []
+    for q in qs[:n_q]:
+        t = time.perf_counter()
+        okapi.get_top_n(tokenize(q), texts, n=5)
+        lat.append((time.perf_counter() - t) * 1000)
+    import bm25s
+
+    t = time.perf_counter()
+    ret = bm25s.BM25(k1=1.2, b=0.75)
+    ret.index(toks, show_progress=False)
+    bm25s_build = time.perf_counter() - t
+    lat2 = []
+    for q in qs:
+        t = time.perf_counter()
+        qt = tokenize(q) or ["zzzz"]
+        try:
+            ret.retrieve([qt], k=5, show_progress=False, n_threads=1)
+        except (ValueError, KeyError):  # bm25s refuses a query with no known term
+            pass
+        lat2.append((time.perf_counter() - t) * 1000)
+    return {
+        "rank_bm25": {"build_s": okapi_build, "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99)},
+        "bm25s": {"build_s": bm25s_build, "p50_ms": pct(lat2, 0.5), "p99_ms": pct(lat2, 0.99)},
+    }
+
+
+def bench_size(n: int, n_queries: int, n_ingest: int, tmp: Path) -> dict:
+    say(f"{n}: generating {n} memories")
+    texts = memories(n + n_ingest, seed=5)
+    base, fresh = texts[:n], texts[n:]
+    store = build_store(tmp / f"store-{n}", base)
+    sock = tmp / f"s{n}.sock"
+    d = DaemonProcess(store, sock)
+    say(f"{n}: starting the daemon from YAML")
+    from_yaml = start(d)
+    assert d.proc is not None
+    with d.client() as c:
+        st = c.status()
+    qs = list(dict.fromkeys(queries(20 * n_queries, seed=3)))[:n_queries]
+    say(f"{n}: {len(qs)} queries, 1 client")
+    socket_latency(str(sock), qs[:20], 1)  # warm-up (imports, caches of the daemon)
+    with d.client() as c:  # 20 warm-up queries are now hot; use the rest cold
+        pass
+    one = socket_latency(str(sock), qs[20:], 1)
+    hot = socket_latency(str(sock), qs[:20] * 5, 1)
+    say(f"{n}: 16 concurrent clients")
+    sixteen = socket_latency(str(sock), [q + " ?" for q in qs], 16)
+    rss = rss_mb(d.proc.pid)
+    say(f"{n}: ingest {len(fresh)} memories through the inbox")
+    with d.client() as c:
+        before = c.status()["counters"]["added"]
+    inbox = store / "inbox"
+    per_file = 5
+    t = time.perf_counter()
+    for i in range(0, len(fresh), per_file):
+        name = f"b{i:07d}.json"
+        payload = json.dumps([{"content": x} for x in fresh[i : i + per_file]])
+        (inbox / ".tmp" / name).write_text(payload)
+        os.rename(inbox / ".tmp" / name, inbox / name)
+
+    def done() -> bool:
+        with d.client() as c:
+            return c.status()["counters"]["added"] - before >= len(fresh)
+
+    wait_for(done, 600, "ingest")
+    ingest_s = time.perf_counter() - t
+    rss_after = rss_mb(d.proc.pid)
+    say(f"{n}: clean stop, start from the snapshot")
+    d.terminate()
+    from_snap = start(d)
+    with d.client() as c:
+        st2 = c.status()
+    d.terminate()
+    say(f"{n}: flat baselines (rank-bm25, bm25s) in-process")
+    flat = flat_baselines(base, qs[20:], n_q=min(len(qs) - 20, 300 if n <= 10_000 else 30))
+    res = {
+        "memories": n,
+        "clusters": st["counts"]["clusters"],
+        "startup_yaml_s": from_yaml,
+        "startup_yaml_index_load_s": st["load_seconds"],
+        "startup_snapshot_s": from_snap,
+        "startup_snapshot_load_s": st2["load_seconds"],
+        "snapshot_used": st2["load_source"] == "snapshot",
+        "rss_mb": rss,
+        "rss_after_ingest_mb": rss_after,
+        "ingest_memories": len(fresh),
+        "ingest_per_s": len(fresh) / ingest_s,
+        "q1_p50_ms": pct(one, 0.5),
+        "q1_p99_ms": pct(one, 0.99),
+        "q16_p50_ms": pct(sixteen, 0.5),
+        "q16_p99_ms": pct(sixteen, 0.99),
+        "hot_p50_ms": pct(hot, 0.5),
+        **{f"{k}_{m}": v for k, d2 in flat.items() for m, v in d2.items()},
+    }
+    res["x_rank_bm25_p99"] = res["rank_bm25_p99_ms"] / res["q1_p99_ms"]
+    res["x_rank_bm25_p50"] = res["rank_bm25_p50_ms"] / res["q1_p50_ms"]
+    res["x_bm25s_p50"] = res["bm25s_p50_ms"] / res["q1_p50_ms"]
+    return res
+
+
+ROWS = [
+    ("memories", "memories", "{:.0f}"),
+    ("clusters", "clusters", "{:.0f}"),
+    ("start-up from YAML, s (until ping)", "startup_yaml_s", "{:.2f}"),
+    ("  of which load (parse + index), s", "startup_yaml_index_load_s", "{:.2f}"),
+    ("start-up from snapshot, s", "startup_snapshot_s", "{:.2f}"),
+    ("  of which load, s", "startup_snapshot_load_s", "{:.2f}"),
+    ("RSS, MB (after queries)", "rss_mb", "{:.0f}"),
+    ("RSS, MB (after ingest)", "rss_after_ingest_mb", "{:.0f}"),
+    ("ingest, memories/s (inbox -> commit)", "ingest_per_s", "{:.0f}"),
+    ("query 1 client p50 ms (socket)", "q1_p50_ms", "{:.2f}"),
+    ("query 1 client p99 ms (socket)", "q1_p99_ms", "{:.2f}"),
+    ("query 16 clients p50 ms", "q16_p50_ms", "{:.2f}"),
+    ("query 16 clients p99 ms", "q16_p99_ms", "{:.2f}"),
+    ("hot (repeated) query p50 ms", "hot_p50_ms", "{:.2f}"),
+    ("rank-bm25 get_top_n p50 ms", "rank_bm25_p50_ms", "{:.2f}"),
+    ("rank-bm25 get_top_n p99 ms", "rank_bm25_p99_ms", "{:.2f}"),
+    ("bm25s retrieve p50 ms", "bm25s_p50_ms", "{:.2f}"),
+    ("bm25s retrieve p99 ms", "bm25s_p99_ms", "{:.2f}"),
+    ("rank-bm25 p50 / clagd p50 (x)", "x_rank_bm25_p50", "{:.1f}"),
+    ("rank-bm25 p99 / clagd p99 (x)", "x_rank_bm25_p99", "{:.1f}"),
+    ("bm25s p50 / clagd p50 (x)", "x_bm25s_p50", "{:.2f}"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--ingest", type=int, default=5000, help="memories to ingest per size")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="clagd-scale-", dir="/tmp") as tmp:
+        for n in [int(x) for x in a.sizes.split(",")]:
+            results.append(bench_size(n, a.queries, a.ingest, Path(tmp)))
+    if a.json:
+        print(json.dumps(results, indent=2))
+        return
+    width = max(len(r[0]) for r in ROWS)
+    for label, key, fmt in ROWS:
+        print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in results))
+
+
+if __name__ == "__main__":
+    main()
