@@ -183,7 +183,12 @@ class Engine:
         if changes.full:
             self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
             self.known = state.memory_ids()
-        else:
+        elif (
+            changes.upsert_clusters
+            or changes.remove_clusters
+            or changes.add_unsorted
+            or changes.remove_unsorted
+        ):
             self.index = self.index.apply(
                 upsert_clusters=changes.upsert_clusters,
                 remove_clusters=changes.remove_clusters,
@@ -193,7 +198,13 @@ class Engine:
         if changes.full or changes.archive_changed:
             self._archived = dict(state.archived)
             self._archive_index = None
-        self._summaries = self._summarize(state)
+        if (
+            changes.full
+            or changes.archive_changed
+            or changes.upsert_clusters
+            or changes.remove_clusters
+        ):
+            self._summaries = self._summarize(state)
         if changes.commit:
             self.head = changes.commit
             if self.on_commit is not None:

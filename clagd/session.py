@@ -745,7 +745,7 @@ def run_session(
 def _record_op(ctx: Any, subject: str, body: str, trailers: dict[str, Any]) -> str | None:
     """An empty commit that records a session's failure, so `git log` / `clagd log` show it
     even when nothing in the store changed."""
-    return ctx.git.commit([], subject, body, trailers, allow_empty=True)
+    return ctx.record(subject, body, trailers)
 
 
 def _record(

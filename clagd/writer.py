@@ -61,6 +61,7 @@ class Changes:
             or self.remove_unsorted
             or self.archive_changed
             or self.full
+            or self.commit
         )
 
 
@@ -139,6 +140,14 @@ class WriteContext:
         w.publish(changes)
         return sha
 
+    def record(
+        self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
+    ) -> str | None:
+        """An empty commit that records an event (a session that changed nothing) in history."""
+        sha = self.w.git.commit([], subject, body, trailers, allow_empty=True)
+        self.w.publish(Changes(commit=sha))
+        return sha
+
     def _write_or_remove(self, cid: str, archived: bool) -> str:
         area = self.state.archived if archived else self.state.clusters
         path = self.paths.cluster_file(cid, archived)
@@ -212,7 +221,7 @@ class WriteContext:
 
     def reload_all(self) -> None:
         self.w.state = load_state(self.paths.root)
-        self.w.publish(Changes(full=True))
+        self.w.publish(Changes(full=True, commit=self.w.git.head()))
 
 
 class Writer:
