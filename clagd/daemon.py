@@ -104,6 +104,11 @@ class Daemon:
         eng.backend_status = self.backends.status
         eng.status_hooks["inbox"] = self._inbox_status
         eng.session_runner = engine_session_runner(self.backends)
+        if self.config.retrieval.slm_refine:
+            from .refine import Refiner
+
+            eng.refiner = Refiner(self.backends.get, self.config.retrieval)
+            eng.status_hooks["refine"] = eng.refiner.status
         # a store edited by hand while no daemon ran: validate and commit it now
         eng.check_outside()
         cfg = self.config
@@ -192,6 +197,7 @@ class Daemon:
             return
         eng.check_outside()
         eng.stats.save()
+        eng.maybe_snapshot()
         sdnotify.status(
             f"{len(eng.index)} memories, {eng.counters['queries']} queries, "
             f"{eng.counters['sessions']} sessions"

@@ -28,7 +28,7 @@ from .ingest import IngestResult, ingest_items
 from .model import Memory
 from .stats import AccessStats
 from .store import Paths, StoreState, is_store, load_state
-from .writer import DATA_DIRS, Changes, WriteContext, Writer
+from .writer import DATA_DIRS, Changes, WriteContext, Writer, read_changes
 
 log = logging.getLogger("clagd")
 SNAPSHOT_FORMAT = 1
@@ -57,6 +57,8 @@ class Engine:
             log.warning("recovery: %s", note)
         t0 = time.monotonic()
         self.head = self.git.head()
+        self._snapshot_head: str | None = None
+        self._snapshot_at = time.monotonic()
         loaded = self._load_snapshot()
         if loaded is not None:
             state, self.index = loaded
@@ -101,6 +103,7 @@ class Engine:
         self.session_runner: Callable[..., dict[str, Any]] | None = None
         self.backend_status: Callable[[], dict[str, Any]] | None = None
         self.status_hooks: dict[str, Callable[[], Any]] = {}
+        self.refiner: Any = None  # refine.Refiner when retrieval.slm_refine is on
         log.info(
             "store %s: %d memories in %d clusters, %d unsorted, %d archived clusters (%.2fs from %s)",
             self.root,
@@ -140,38 +143,67 @@ class Engine:
         }
 
     def _load_snapshot(self) -> tuple[StoreState, Index] | None:
-        """The state and index saved at the last clean stop, when HEAD is the same and the
-        working tree is clean; loading 100k memories from YAML takes far longer."""
+        """The state and index of a recent commit (saved at stop and periodically), brought
+        up to date by re-reading only the files changed since then (git diff + uncommitted
+        edits). Loading 100k memories from YAML takes far longer; a missing, foreign or
+        unreadable snapshot just means a full load."""
         path = self.snapshot_file
         if not path.exists() or self.head is None:
             return None
         try:
-            if self.git.dirty_paths(DATA_DIRS):
-                return None
             gc.disable()
             try:
                 with open(path, "rb") as fh:
                     data = pickle.load(fh)
             finally:
                 gc.enable()
-            if data.get("key") != self._snapshot_key() or data.get("head") != self.head:
+            if data.get("key") != self._snapshot_key():
                 return None
-            return data["state"], data["index"]
+            snap_head, state, index = data["head"], data["state"], data["index"]
+            changed = set(self.git.dirty_paths(DATA_DIRS))
+            if snap_head != self.head:
+                out = self.git.run(
+                    "diff", "--name-only", "--no-renames", snap_head, self.head, "--", *DATA_DIRS
+                )
+                changed.update(p for p in out.splitlines() if p.strip())
+            if changed:
+                state, changes = read_changes(self.root, state, sorted(changed))
+                index = index.apply(
+                    upsert_clusters=changes.upsert_clusters,
+                    remove_clusters=changes.remove_clusters,
+                    add_unsorted=changes.add_unsorted,
+                    remove_unsorted=changes.remove_unsorted,
+                )
+                self.notes.append(
+                    f"start-up snapshot of {snap_head[:10]} brought up to date ({len(changed)} files re-read)"
+                )
+            self._snapshot_head = snap_head
+            return state, index
         except Exception as exc:  # noqa: BLE001 - a bad snapshot only costs a full load
-            log.warning("ignoring the start-up snapshot: %s", exc)
+            log.warning("not using the start-up snapshot (%s): loading every file", exc)
             return None
-        finally:
-            path.unlink(missing_ok=True)  # used once: a crash later must not revive it
+
+    def maybe_snapshot(self, min_interval: float = 600.0) -> bool:
+        """Save a fresh snapshot when the store moved on and the last one is old enough, so a
+        start after a crash stays fast. Runs on the writer (it must see a consistent state)."""
+        if self.head == self._snapshot_head or time.monotonic() - self._snapshot_at < min_interval:
+            return False
+        self.writer.submit(self._save_snapshot_op)
+        return True
 
     def _save_snapshot_op(self, ctx: WriteContext) -> None:
         head = ctx.git.head()
         if head is None or ctx.git.dirty_paths(DATA_DIRS):
             return
+        self._snapshot_at = time.monotonic()
         data = {"key": self._snapshot_key(), "head": head, "state": ctx.state, "index": self.index}
         tmp = self.snapshot_file.with_suffix(".tmp")
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
             pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, self.snapshot_file)
+        self._snapshot_head = head
 
     @property
     def state(self) -> StoreState:
@@ -538,7 +570,11 @@ class Engine:
     def recluster(self, trigger: str = "manual", backend: str | None = None) -> dict[str, Any]:
         """Run one clustering session now (waiting for any running one) and report it."""
         if self.session_runner is None:
-            raise ClagdError("clustering sessions are not available in this process")
+            # no daemon wired one in (eval, scripts, tests): the backend config decides
+            from .session import engine_session_runner
+            from .slm import BackendManager
+
+            self.session_runner = engine_session_runner(BackendManager(self.config))
         with self.session_lock:
             self.new_since_session = 0
             self.rounds_since_session = 0

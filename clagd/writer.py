@@ -28,9 +28,11 @@ from .store import (
     UNSORTED,
     Paths,
     StoreState,
+    _check_memory,
     _load_cluster,
     _load_shard,
     load_state,
+    valid_shard_name,
     write_cluster,
     write_shard,
 )
@@ -166,62 +168,72 @@ class WriteContext:
     def reload_paths(self, rel_paths: list[str], commit: str | None = None) -> Changes:
         """Re-read the given store files from the working tree into the state. Raises
         StoreError (state unchanged) when a file is broken or ids collide."""
-        w = self.w
-        errors: list[str] = []
-        new_clusters: dict[str, Cluster | None] = {}
-        new_archive: dict[str, Cluster | None] = {}
-        new_shards: dict[str, list[Memory] | None] = {}
-        for rel in rel_paths:
-            p = Path(rel)
-            if len(p.parts) != 2 or p.suffix != ".yaml" or p.parts[0] not in DATA_DIRS:
-                continue
-            full = self.paths.root / p
-            if p.parts[0] == UNSORTED:
-                new_shards[p.stem] = _load_shard(full, errors) if full.exists() else None
-            else:
-                target = new_clusters if p.parts[0] == CLUSTERS else new_archive
-                target[p.stem] = _load_cluster(full, errors) if full.exists() else None
-        if errors:
-            raise StoreError("invalid store files: " + "; ".join(errors[:10]))
-        candidate = StoreState(
-            dict(w.state.clusters), dict(w.state.archived), dict(w.state.unsorted)
-        )
-        for area, repl in ((candidate.clusters, new_clusters), (candidate.archived, new_archive)):
-            for k, v in repl.items():
-                if v is None:
-                    area.pop(k, None)
-                else:
-                    area[k] = v  # type: ignore[assignment]
-        for k2, v2 in new_shards.items():
-            if v2 is None:
-                candidate.unsorted.pop(k2, None)
-            else:
-                candidate.unsorted[k2] = v2
-        seen: set[str] = set()
-        for m, area_name, key in candidate.all_memories():
-            if m.id in seen:
-                raise StoreError(f"memory {m.id} appears twice (again in {area_name}/{key})")
-            seen.add(m.id)
-        changes = Changes(commit=commit)
-        for k, v in new_clusters.items():
-            if v is None:
-                changes.remove_clusters.append(k)
-            else:
-                changes.upsert_clusters.append(v)
-        for k2 in new_shards:
-            before = {m.id for m in w.state.unsorted.get(k2, [])}
-            after_list = candidate.unsorted.get(k2, [])
-            after = {m.id for m in after_list}
-            changes.add_unsorted.extend(m for m in after_list if m.id not in before)
-            changes.remove_unsorted.extend(sorted(before - after))
-        changes.archive_changed = bool(new_archive)
-        w.state = candidate
-        w.publish(changes)
+        candidate, changes = read_changes(self.paths.root, self.w.state, rel_paths)
+        changes.commit = commit
+        self.w.state = candidate
+        self.w.publish(changes)
         return changes
 
     def reload_all(self) -> None:
         self.w.state = load_state(self.paths.root)
         self.w.publish(Changes(full=True, commit=self.w.git.head()))
+
+
+def read_changes(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, Changes]:
+    """`base` with the given store files re-read from the working tree (a missing file is a
+    removal), and the index changes that takes. `base` itself is not modified. Raises
+    StoreError naming every broken file, or a memory that would appear twice."""
+    paths = Paths(root)
+    errors: list[str] = []
+    new_clusters: dict[str, Cluster | None] = {}
+    new_archive: dict[str, Cluster | None] = {}
+    new_shards: dict[str, list[Memory] | None] = {}
+    for rel in rel_paths:
+        p = Path(rel)
+        if len(p.parts) != 2 or p.suffix != ".yaml" or p.parts[0] not in DATA_DIRS:
+            continue
+        full = paths.root / p
+        if p.parts[0] == UNSORTED:
+            if not valid_shard_name(p.stem):
+                errors.append(f"{rel}: invalid unsorted shard name")
+                continue
+            new_shards[p.stem] = _load_shard(full, errors) if full.exists() else None
+        else:
+            target = new_clusters if p.parts[0] == CLUSTERS else new_archive
+            target[p.stem] = _load_cluster(full, errors) if full.exists() else None
+    candidate = StoreState(dict(base.clusters), dict(base.archived), dict(base.unsorted))
+    for area, repl in ((candidate.clusters, new_clusters), (candidate.archived, new_archive)):
+        for k, v in repl.items():
+            if v is None:
+                area.pop(k, None)
+            else:
+                area[k] = v
+    for k2, v2 in new_shards.items():
+        if v2 is None:
+            candidate.unsorted.pop(k2, None)
+        else:
+            candidate.unsorted[k2] = v2
+    seen: dict[str, str] = {}
+    for m, area_name, key in candidate.all_memories():
+        _check_memory(m, f"{area_name}/{key}", seen, errors)
+    for cid in set(candidate.clusters) & set(candidate.archived):
+        errors.append(f"cluster {cid} is both hot and archived")
+    if errors:
+        raise StoreError("invalid store files: " + "; ".join(errors[:10]))
+    changes = Changes()
+    for k, v in new_clusters.items():
+        if v is None:
+            changes.remove_clusters.append(k)
+        else:
+            changes.upsert_clusters.append(v)
+    for k2 in new_shards:
+        before = {m.id for m in base.unsorted.get(k2, [])}
+        after_list = candidate.unsorted.get(k2, [])
+        after = {m.id for m in after_list}
+        changes.add_unsorted.extend(m for m in after_list if m.id not in before)
+        changes.remove_unsorted.extend(sorted(before - after))
+    changes.archive_changed = bool(new_archive)
+    return candidate, changes
 
 
 class Writer:
