@@ -153,21 +153,37 @@ class GitStore:
     def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
         """`git revert` one commit, with our own message and trailers; a conflict is refused
         and leaves the store exactly as it was."""
+        full = self.revert_apply(sha)
+        return self.revert_commit(full, subject, trailers)
+
+    def revert_apply(self, sha: str) -> str:
+        """Stage the revert of one commit without committing it (so the caller can check
+        the result first); a conflict is refused and leaves the store as it was."""
         full = self.resolve(sha)
         try:
             self.run("revert", "--no-commit", "--no-edit", full)
         except GitCommandError as exc:
-            for cmd in (("revert", "--abort"), ("reset", "-q", "--merge")):
-                try:
-                    self.run(*cmd)
-                except GitCommandError:
-                    pass
+            self.revert_abort()
             raise Conflict(f"cannot revert {full[:10]}: {_first_line(exc.stderr)}") from None
+        return full
+
+    def revert_abort(self) -> None:
+        for cmd in (("revert", "--abort"), ("reset", "-q", "--merge")):
+            try:
+                self.run(*cmd)
+            except GitCommandError:
+                pass
+
+    def revert_commit(self, full: str, subject: str, trailers: dict[str, Any]) -> str:
         msg = format_message(subject, f"This reverts commit {full}.", trailers)
         self.run("commit", "-q", "--no-verify", "--allow-empty", "-F", "-", istream=_Stdin(msg))
         head = self.head()
         assert head is not None
         return head
+
+    def staged_files(self) -> list[str]:
+        out = self.run("diff", "--cached", "--no-renames", "--name-only", "-z", "HEAD")
+        return [p for p in out.split("\0") if p]
 
     def resolve(self, ref: str) -> str:
         if not ref or ref.startswith("-"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import StoreError
+from .errors import Conflict, StoreError
 from .gitstore import GitStore
 from .model import Cluster, Memory
 from .store import (
@@ -160,9 +160,30 @@ class WriteContext:
         return str(path.relative_to(self.paths.root))
 
     def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
-        """git revert one commit, then reload exactly the files it touched."""
-        new = self.w.git.revert(sha, subject, trailers)
-        self.reload_paths(self.w.git.changed_files(new), commit=new)
+        """git revert one commit, then reload exactly the files it touched.
+
+        The revert is checked before it is committed: a revert that git applies cleanly can
+        still make an invalid store (a memory that moved on since comes back to its old
+        place too, and is then stored twice); such a revert is refused like a conflict.
+        The transaction marker makes a revert killed half-way be undone at start-up."""
+        w = self.w
+        w.begin_txn(subject)
+        try:
+            full = w.git.revert_apply(sha)
+        except Conflict:
+            w.end_txn()
+            raise
+        try:
+            read_changes(self.paths.root, w.state, w.git.staged_files())
+        except StoreError as exc:
+            w.git.revert_abort()
+            w.end_txn()
+            raise Conflict(
+                f"cannot revert {full[:10]}: the result would be invalid: {exc}"
+            ) from None
+        new = w.git.revert_commit(full, subject, trailers)
+        w.end_txn()
+        self.reload_paths(w.git.changed_files(new), commit=new)
         return new
 
     def reload_paths(self, rel_paths: list[str], commit: str | None = None) -> Changes:
