@@ -520,23 +520,23 @@ def apply_plan(
         if wa is None or wa != wb or wa[0] != "cluster":
             continue
         c = state.clusters[wa[1]]
-        a, b = state.memory(a_id), state.memory(b_id)
-        assert a is not None and b is not None
-        newer, older = _newer_first(a, b)
-        if c.supersedes.get(newer.id) != older.id and c.supersedes.get(older.id) != newer.id:
-            c.supersedes[newer.id] = older.id
+        ma, mb = state.memory(a_id), state.memory(b_id)
+        assert ma is not None and mb is not None
+        new_m, old_m = _newer_first(ma, mb)
+        if c.supersedes.get(new_m.id) != old_m.id and c.supersedes.get(old_m.id) != new_m.id:
+            c.supersedes[new_m.id] = old_m.id
             mark_cluster(c.id)
-            out.notes.append(f"{newer.id} supersedes {older.id} in {c.name!r}")
+            out.notes.append(f"{new_m.id} supersedes {old_m.id} in {c.name!r}")
     for cid in sorted(out.changed):
-        c = state.clusters.get(cid)
-        if c is None:
+        cur = state.clusters.get(cid)
+        if cur is None:
             continue
-        if not c.memories:
+        if not cur.memories:
             del state.clusters[cid]
             out.changed.discard(cid)
             out.removed.add(cid)
         else:
-            c.updated_at = now
+            cur.updated_at = now
     for name in out.shards:
         if not state.unsorted.get(name):
             state.unsorted.pop(name, None)  # the writer deletes the emptied shard's file
@@ -586,8 +586,8 @@ def check_invariants(
                     problems.append(f"two clusters are named {c.name!r}")
                 names[key] = cid
     for cid in renamed:
-        c = state.clusters.get(cid)
-        if c is not None and (p := name_problem(c.name)):
+        rc = state.clusters.get(cid)
+        if rc is not None and (p := name_problem(rc.name)):
             problems.append(p)
     return problems
 
@@ -641,13 +641,13 @@ def size_policy(
     for c in state.clusters.values():
         terms = [(m, _terms(m.content)) for m in c.memories]
         gone: set[str] = set()
-        for i, (a, ta) in enumerate(terms):
-            if a.id in gone:
+        for i, (ma, ta) in enumerate(terms):
+            if ma.id in gone:
                 continue
-            for b, tb in terms[i + 1 :]:
-                if b.id in gone or _jaccard(ta, tb) < NEAR_IDENTICAL:
+            for mb, tb in terms[i + 1 :]:
+                if mb.id in gone or _jaccard(ta, tb) < NEAR_IDENTICAL:
                     continue
-                keep, drop = (a, b) if len(a.content) >= len(b.content) else (b, a)
+                keep, drop = (ma, mb) if len(ma.content) >= len(mb.content) else (mb, ma)
                 if keep.id in gone:
                     continue
                 plan.dedupe.append((keep.id, drop.id))

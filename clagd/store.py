@@ -216,9 +216,9 @@ def load_state(root: Path) -> StoreState:
     paths = Paths(Path(root))
     state = StoreState()
     errors: list[str] = []
-    for area, target in ((paths.clusters, state.clusters), (paths.archive, state.archived)):
-        if area.is_dir():
-            for f in sorted(area.glob("*.yaml")):
+    for folder, target in ((paths.clusters, state.clusters), (paths.archive, state.archived)):
+        if folder.is_dir():
+            for f in sorted(folder.glob("*.yaml")):
                 c = _load_cluster(f, errors)
                 if c is not None:
                     target[c.id] = c

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -50,8 +51,10 @@ class InboxWatcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Event()
+        self._backlog: set[str] = set()  # files present at start
+        self._backlog_done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clagd-inbox", daemon=True)
-        self._observer: Observer | PollingObserver | None = None
+        self._observer: Any = None  # a watchdog Observer or PollingObserver
         self._last_event = 0.0
         self.files_ingested = 0
         self.files_rejected = 0
@@ -63,6 +66,7 @@ class InboxWatcher:
 
     def start(self) -> None:
         self.inbox.mkdir(parents=True, exist_ok=True)
+        self._backlog = set(self.tracker.candidates())
         self._start_observer()
         self._thread.start()
         self.poke()
@@ -109,6 +113,19 @@ class InboxWatcher:
         """For tests and the CLI: wait until a pass found nothing left to do."""
         return self._idle.wait(timeout)
 
+    def wait_backlog(self, timeout: float) -> bool:
+        """Wait until every file that was in the inbox at start has been ingested or
+        rejected (or ingestion is paused by a failure). Unlike `wait_idle`, this ends while
+        new files keep arriving, so a restart under a steady stream still starts serving."""
+        return self._backlog_done.wait(timeout)
+
+    def _check_backlog(self) -> None:
+        if self._backlog_done.is_set():
+            return
+        self._backlog = {n for n in self._backlog if (self.inbox / n).exists()}
+        if not self._backlog or time.monotonic() < self.paused_until:
+            self._backlog_done.set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.cfg.rescan_seconds)
@@ -124,6 +141,7 @@ class InboxWatcher:
             ):
                 time.sleep(self.cfg.debounce_seconds / 4)
             self.process()
+            self._check_backlog()
         try:
             self.process()
         except Exception as exc:  # noqa: BLE001

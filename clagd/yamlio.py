@@ -34,7 +34,8 @@ def _check_no_alias(text: str) -> None:
     # which is cheap and protects against "billion laughs" expansion.
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, yaml.AliasEvent):
-            raise YamlError(f"YAML aliases are not accepted (line {event.start_mark.line + 1})")
+            line = event.start_mark.line + 1 if event.start_mark is not None else "?"
+            raise YamlError(f"YAML aliases are not accepted (line {line})")
 
 
 def loads(text: str, allow_aliases: bool = False) -> Any:
