@@ -83,14 +83,21 @@ class GitStore:
         with the store lock held, so any lock file or half-done revert is not ours to keep."""
         notes = []
         gitdir = self.root / ".git"
-        lock = gitdir / "index.lock"
-        if lock.exists():
-            age = time.time() - lock.stat().st_mtime
+        # a git command killed with the daemon leaves its lock files behind: the index, but
+        # also HEAD, ORIG_HEAD and the branch ref (git commit locks those while it updates them)
+        locks = [gitdir / n for n in ("index.lock", "HEAD.lock", "ORIG_HEAD.lock")]
+        locks += [gitdir / n for n in ("packed-refs.lock", "config.lock")]
+        locks += sorted((gitdir / "refs").rglob("*.lock")) if (gitdir / "refs").is_dir() else []
+        for lock in locks:
+            try:
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:
+                continue
             if age < 2.0:
                 time.sleep(2.0 - age)  # maybe a live git command of the user's: let it finish
             if lock.exists():
                 lock.unlink()
-                notes.append("removed a stale .git/index.lock")
+                notes.append(f"removed a stale .git/{lock.relative_to(gitdir)}")
         for marker in ("REVERT_HEAD", "CHERRY_PICK_HEAD", "MERGE_HEAD"):
             if (gitdir / marker).exists():
                 for cmd in (("revert", "--quit"), ("cherry-pick", "--quit"), ("merge", "--quit")):
