@@ -152,7 +152,7 @@ class Daemon:
         eng.on_threshold = self.scheduler.trigger_session
         # the start-up scan happens in the watcher's first pass, before READY=1
         self.watcher.start()
-        self.watcher.wait_idle(60)
+        self.watcher.wait_backlog(60)
         self.scheduler.start()
         self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
         self._server_thread = threading.Thread(
