@@ -1,0 +1,186 @@
+"""Crash safety: SIGKILL a real daemon at random moments (benchmarks/crash_harness.py, short
+run), and the leftovers a kill can leave (git locks, a half-done revert, a half-written
+change) never block a restart or survive it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
+
+from clagd.engine import Engine
+from clagd.errors import Conflict
+from clagd.model import Cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location(
+        "crash_harness", ROOT / "benchmarks" / "crash_harness.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["crash_harness"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
+    report = _harness().run(kills=10, seed=7, workdir=tmp_path / "crash", verbose=False)
+    print({k: v for k, v in report.items() if k != "problems"})
+    assert report["problems"] == []
+    assert report["kills"] == 10 and report["restarts"] == 11
+    assert report["files"] > 20 and report["memories_in_head"] >= report["memories_in_files"]
+    assert report["requests"].get("recluster", 0) > 0
+
+
+def _three_clusters(eng: Engine) -> list[str]:
+    eng.add([{"content": f"memory number {i} about things"} for i in range(6)])
+
+    def make(ctx):  # type: ignore[no-untyped-def]
+        mems = [m for ms in ctx.state.unsorted.values() for m in ms]
+        for s in list(ctx.state.unsorted):
+            ctx.touch_shard(s)
+            ctx.state.unsorted[s] = []
+        cids = ["c-aaaaaaaa", "c-bbbbbbbb", "c-cccccccc"]
+        for k, cid in enumerate(cids):
+            ctx.touch_cluster(cid)
+            ctx.state.clusters[cid] = Cluster(cid, f"name {k}", memories=mems[2 * k : 2 * k + 2])
+        ctx.commit("cluster: three", "", {"kind": "cluster"})
+        return cids
+
+    return eng.writer.call(make)
+
+
+def _move(ctx, src: str, dst: str, idx: int) -> str:  # type: ignore[no-untyped-def]
+    m = ctx.state.clusters[src].memories.pop(idx)
+    ctx.state.clusters[dst].memories.append(m)
+    ctx.touch_cluster(src)
+    ctx.touch_cluster(dst)
+    return ctx.commit(f"cluster: move {src} -> {dst}", "", {"kind": "cluster"})
+
+
+def test_revert_that_would_store_a_memory_twice_is_refused(store: Path) -> None:
+    """A moves m to B, then B moves m to C. git reverts the first cleanly (both sides took
+    m out of B), which would put m back into A while C still holds it."""
+    eng = Engine(store)
+    try:
+        a, b, c = _three_clusters(eng)
+        first = eng.writer.call(_move, a, b, 0)
+        eng.writer.call(_move, b, c, -1)
+        head = git(store, "rev-parse", "HEAD")
+        with pytest.raises(Conflict, match="twice|also in"):
+            eng.revert(first)
+        assert git(store, "rev-parse", "HEAD") == head
+        assert git(store, "status", "--porcelain", "--", "clusters", "unsorted") == ""
+        counts = Counter(head_contents(store))
+        assert len(counts) == 6 and set(counts.values()) == {1}
+        assert len(eng.query("memory number things", max_memories=10)["memories"]) == 6
+    finally:
+        eng.close()
+    Engine(store).close()  # and the store still loads
+
+
+def test_a_revert_killed_half_way_is_discarded(store: Path) -> None:
+    eng = Engine(store)
+    a, b, _c = _three_clusters(eng)
+    sha = eng.writer.call(_move, a, b, 0)
+    eng.close()
+    head = git(store, "rev-parse", "HEAD")
+    # what a kill between `git revert --no-commit` and the commit leaves behind
+    (store / ".clagd" / "snapshot.pickle").unlink(missing_ok=True)
+    git(store, "revert", "--no-commit", sha)
+    (store / ".clagd" / "txn").write_text("revert: killed\n")
+    eng = Engine(store)
+    try:
+        assert any("half-written" in n for n in eng.notes)
+        assert git(store, "rev-parse", "HEAD") == head
+        assert git(store, "status", "--porcelain", "--", "clusters", "unsorted") == ""
+        assert not (store / ".git" / "REVERT_HEAD").exists()
+        assert len(eng.state.clusters[b].memories) == 3
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize(
+    "lock", ["index.lock", "HEAD.lock", "refs/heads/main.lock", "ORIG_HEAD.lock"]
+)
+def test_stale_git_locks_do_not_block_a_restart(store: Path, short_tmp: Path, lock: str) -> None:
+    path = store / ".git" / lock
+    path.write_text("")
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            assert c.add("written after a kill left a git lock")["commit"]
+        assert not path.exists()
+        assert any(lock.split("/")[-1] in n for n in d.engine.notes)
+    finally:
+        d.stop()
+    assert head_contents(store) == ["written after a kill left a git lock"]
+
+
+def test_restart_under_a_steady_stream_of_files_serves_promptly(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """Files keep arriving: start-up waits for the files that were there, not for silence."""
+    store = make_store(tmp_path / "memory")
+    inbox = store / "inbox"
+    stop = threading.Event()
+    written: list[str] = []
+
+    def drop() -> None:
+        i = 0
+        while not stop.is_set():
+            tmp = inbox / ".tmp" / f"f{i}.txt"
+            tmp.write_text(f"stream memory {i}")
+            os.rename(tmp, inbox / f"f{i}.txt")
+            written.append(f"stream memory {i}")
+            i += 1
+            stop.wait(0.02)
+
+    for i in range(20):
+        (inbox / f"pre{i}.txt").write_text(f"memory there before start {i}")
+    t = threading.Thread(target=drop, daemon=True)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        d = InProcessDaemon(store, short_tmp / "s.sock")
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join()
+    try:
+        assert took < 15, f"start-up took {took:.1f}s"
+        have = set(head_contents(store))
+        assert {f"memory there before start {i}" for i in range(20)} <= have
+        wait_for(lambda: set(written) <= set(head_contents(store)), 30, "the stream to land")
+    finally:
+        d.stop()
+
+
+def test_git_fsck_clean_after_harness_style_kill(store: Path, short_tmp: Path) -> None:
+    """A kill during a burst of ingests leaves a repository that git fsck accepts."""
+    from helpers import DaemonProcess
+
+    p = DaemonProcess(store, short_tmp / "s.sock").start()
+    for i in range(30):
+        (store / "inbox" / f"m{i}.txt").write_text(f"burst memory {i}")
+    time.sleep(0.05)  # let a commit get under way: the point is to land mid-write
+    p.kill()
+    p.start()
+    wait_for(lambda: not any((store / "inbox").glob("*.txt")), 30, "the inbox to drain")
+    assert p.terminate() == 0
+    fsck = subprocess.run(["git", "fsck", "--full"], cwd=store, capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stderr
+    assert sorted(head_contents(store)) == sorted(f"burst memory {i}" for i in range(30))
