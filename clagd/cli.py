@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +142,84 @@ def add(
     _emit(res, as_json, text)
 
 
+class Progress:
+    """A one-line progress report on stderr (only when stderr is a terminal)."""
+
+    def __init__(self, label: str, total: int | None = None) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.tty:
+            of = f"/{self.total}" if self.total else ""
+            click.echo(
+                f"\r{self.label}: {self.done}{of} ({time.monotonic() - self.t0:.0f}s)",
+                err=True,
+                nl=False,
+            )
+
+    def close(self) -> None:
+        if self.tty:
+            click.echo("", err=True)
+
+
+@main.command(name="import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--batch", default=500, show_default=True, help="memories per commit")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> None:
+    """Bulk import memory files (the inbox formats; folders are walked) with progress."""
+    from .errors import InboxRejected
+    from .inbox import SUFFIXES, ignored_name, read_file
+
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file() and f.suffix.lower() in SUFFIXES and not ignored_name(f.name)
+            )
+        else:
+            files.append(p)
+    items: list[dict[str, Any]] = []
+    rejected: dict[str, str] = {}
+    for f in files:
+        try:
+            for it in read_file(f, 64 * 1024 * 1024, 1_000_000):
+                d: dict[str, Any] = {"content": it.content, "metadata": it.metadata}
+                if it.created_at:
+                    d["created_at"] = it.created_at
+                items.append(d)
+        except (InboxRejected, OSError) as exc:
+            rejected[str(f)] = str(exc)
+    added = dupes = 0
+    prog = Progress("importing", len(items))
+    with c.client(timeout=None) as cl:
+        for i in range(0, len(items), max(1, batch)):
+            chunk = items[i : i + batch]
+            res = cl.add_many(chunk)
+            added += res["added"]
+            dupes += res["duplicates"]
+            prog.update(len(chunk))
+    prog.close()
+    out = {
+        "files": len(files),
+        "memories": len(items),
+        "added": added,
+        "duplicates": dupes,
+        "rejected": rejected,
+    }
+    text = f"imported {added} new memories from {len(files)} file(s) ({dupes} already stored)"
+    text += "".join(f"\nrejected {k}: {v}" for k, v in rejected.items())
+    _emit(out, as_json, text)
+    if rejected:
+        sys.exit(1)
+
+
 @main.command()
 @click.argument("text")
 @click.option("-k", "--max-memories", type=int, help="memories to return (default from config)")
@@ -253,8 +333,22 @@ def revert(c: Ctx, ref: str, as_json: bool) -> None:
 @pass_ctx
 def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
     """Run a clustering session now and report its outcome."""
-    with c.client(timeout=None) as cl:
-        res = cl.recluster(wait=not no_wait)
+    stop = threading.Event()
+
+    def tick() -> None:
+        prog = Progress("clustering session running")
+        while not stop.wait(1.0):
+            prog.update(0)
+        prog.close()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        with c.client(timeout=None) as cl:
+            res = cl.recluster(wait=not no_wait)
+    finally:
+        stop.set()
+        ticker.join()
     text = f"session {res.get('session_id', '')}: {res.get('status')}"
     if res.get("reasons"):
         text += " — " + "; ".join(res["reasons"])[:500]
