@@ -90,6 +90,13 @@ class WriteContext:
     def touched(self) -> bool:
         return bool(self._clusters or self._archive or self._shards)
 
+    def touched_paths(self) -> list[str]:
+        root = self.paths.root
+        out = [self.paths.cluster_file(c) for c in self._clusters]
+        out += [self.paths.cluster_file(c, archived=True) for c in self._archive]
+        out += [self.paths.shard_file(n) for n in self._shards]
+        return sorted(str(p.relative_to(root)) for p in out)
+
     def touch_cluster(self, cid: str) -> None:
         self.paths.cluster_file(cid)  # validates the id before anything is written
         self._clusters.add(cid)
@@ -341,17 +348,31 @@ class Writer:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.error("write operation %s failed: %s", getattr(fn, "__name__", fn), exc)
                 if ctx.touched or self.txn_file.exists():
-                    self._rollback_worktree()
+                    self._rollback_worktree(ctx.touched_paths())
                 fut.set_exception(exc)
             else:
                 fut.set_result(result)
 
-    def _rollback_worktree(self) -> None:
+    def _rollback_worktree(self, rel_paths: list[str]) -> None:
+        """Put the files a failed operation touched back to HEAD and re-read exactly those
+        (an operation marks a file before it changes the state behind it). Other files, and
+        a hand edit in progress elsewhere in the store, are left alone."""
+        if rel_paths:
+            try:
+                self.git.restore_paths(rel_paths)
+                self.end_txn()
+                self.state, changes = read_changes(self.paths.root, self.state, rel_paths)
+                changes.commit = self.git.head()
+                self.publish(changes)
+                log.info("put %d file(s) back to HEAD after a failed operation", len(rel_paths))
+                return
+            except Exception as exc:  # noqa: BLE001 - fall back to the whole store
+                log.warning("partial restore failed (%s); reloading the whole store", exc)
         try:
             self.git.reset_paths_to_head(DATA_DIRS)
             self.end_txn()
             self.state = load_state(self.paths.root)
-            self.publish(Changes(full=True))
+            self.publish(Changes(full=True, commit=self.git.head()))
             log.info("working tree put back to HEAD after a failed operation")
         except Exception as exc:  # noqa: BLE001
             log.error("could not restore the working tree: %s", exc)
