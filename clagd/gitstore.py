@@ -119,6 +119,22 @@ class GitStore:
                 pass  # a folder with nothing tracked yet
         self.run("clean", "-fdq", "--", *dirs)
 
+    def restore_paths(self, rel_paths: list[str]) -> None:
+        """Make exactly these files as they are in HEAD: restored, or removed when HEAD does
+        not have them. Nothing else in the working tree is touched."""
+        if not rel_paths:
+            return
+        in_head: set[str] = set()
+        if self.head():
+            out = self.run("ls-tree", "-r", "--name-only", "HEAD", "--", *rel_paths)
+            in_head = {p for p in out.splitlines() if p.strip()}
+            self.run("reset", "-q", "HEAD", "--", *rel_paths)
+        if in_head:
+            self.run("checkout", "-q", "HEAD", "--", *sorted(in_head))
+        for rel in rel_paths:
+            if rel not in in_head:
+                (self.root / rel).unlink(missing_ok=True)
+
     def dirty_paths(self, dirs: Iterable[str]) -> list[str]:
         out = self.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *dirs)
         paths = []
