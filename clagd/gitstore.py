@@ -58,7 +58,10 @@ class GitStore:
             try:
                 return str(self.git.execute(["git", *IDENTITY, *args], **kw))
             except GitCommandError as exc:
-                if "index.lock" in str(exc.stderr) and time.monotonic() < deadline:
+                # only a lock held by another git process is worth waiting for; a failed
+                # write of our own lock (ENOSPC, a read-only store) also names index.lock
+                err = str(exc.stderr)
+                if "index.lock" in err and "File exists" in err and time.monotonic() < deadline:
                     time.sleep(0.05)
                     continue
                 raise
