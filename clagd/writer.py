@@ -282,6 +282,7 @@ class Writer:
         self.commits = 0
         self.failures = 0
         self.last_error = ""
+        self._needs_restore = False
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -342,12 +343,16 @@ class Writer:
                 continue
             ctx = WriteContext(self)
             try:
+                if self._needs_restore:
+                    # an earlier rollback failed (disk full, read-only store): the state may
+                    # hold a change that is not in HEAD; nothing runs on it until restored
+                    self._restore_all()
                 result = fn(ctx, *args, **kw)
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 self.failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.error("write operation %s failed: %s", getattr(fn, "__name__", fn), exc)
-                if ctx.touched or self.txn_file.exists():
+                if not self._needs_restore and (ctx.touched or self.txn_file.exists()):
                     self._rollback_worktree(ctx.touched_paths())
                 fut.set_exception(exc)
             else:
@@ -369,10 +374,17 @@ class Writer:
             except Exception as exc:  # noqa: BLE001 - fall back to the whole store
                 log.warning("partial restore failed (%s); reloading the whole store", exc)
         try:
-            self.git.reset_paths_to_head(DATA_DIRS)
-            self.end_txn()
-            self.state = load_state(self.paths.root)
-            self.publish(Changes(full=True, commit=self.git.head()))
+            self._restore_all()
             log.info("working tree put back to HEAD after a failed operation")
         except Exception as exc:  # noqa: BLE001
-            log.error("could not restore the working tree: %s", exc)
+            self._needs_restore = True
+            log.error(
+                "could not restore the working tree (retried before the next operation): %s", exc
+            )
+
+    def _restore_all(self) -> None:
+        self.git.reset_paths_to_head(DATA_DIRS)
+        self.end_txn()
+        self.state = load_state(self.paths.root)
+        self._needs_restore = False
+        self.publish(Changes(full=True, commit=self.git.head()))
