@@ -293,8 +293,8 @@ class Engine:
                 self._threshold("memories")
         return res
 
-    def _route(self, m: Memory) -> str | None:
-        return self.index.route(m)
+    def _route(self, memories: list[Memory]) -> list[str | None]:
+        return self.index.route_many(memories)
 
     def _threshold(self, why: str) -> None:
         if self.on_threshold is not None:

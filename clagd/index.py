@@ -370,18 +370,25 @@ class Index:
         # superseded memory slot -> successor slot (both alive)
         self._sup_old = _EMPTY_I
         self._sup_new = _EMPTY_I
+        # derived: dead memory and cluster slots, live unsorted slots (see `_derive`)
+        self._dead = np.zeros(0, dtype=np.int64)
+        self._c_dead = np.zeros(0, dtype=np.int64)
+        self._uslots = np.zeros(0, dtype=np.int64)
         self._cache: dict[tuple, SearchResult] = {}
         self.cache_hits = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cache"] = {}
+        for k in ("_dead", "_c_dead", "_uslots"):
+            state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if state.get("_format") != self.FORMAT:
             raise ValueError("index snapshot of an older format")
         self.__dict__.update(state)
+        self._derive()
 
     # ----------------------------------------------------------------- building
     @classmethod
@@ -630,6 +637,7 @@ class Index:
         new._link_supersedes()
         new._unsorted = new._group < 0
         new._length_norms()
+        new._derive()
 
         dead = len(new._mems) - new._n_alive
         if dead > max(1024, new._n_alive):
@@ -680,6 +688,26 @@ class Index:
         return fresh._apply(clusters, (), unsorted, (), terms_of)
 
     # ------------------------------------------------------------------ scoring
+    def _term(
+        self,
+        tid: int,
+        segs: tuple[_Segment, ...],
+        alive: np.ndarray,
+        n_docs: int,
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], float] | None:
+        """The postings of one term in these segments and its BM25 weight (IDF * (k1 + 1)),
+        or None when no live document has it. Document frequencies count live slots only."""
+        parts = [p for p in (seg.postings(tid) for seg in segs) if p is not None]
+        if not parts:
+            return None
+        if n_docs == len(alive):
+            df = sum(len(sl) for sl, _ in parts)
+        else:
+            df = sum(int(np.count_nonzero(alive[sl])) for sl, _ in parts)
+        if df == 0:
+            return None
+        return parts, float(idf(n_docs, df, self.cfg.idf)) * (self.cfg.k1 + 1.0)
+
     def _bm25(
         self,
         q: list[int],
@@ -687,30 +715,32 @@ class Index:
         alive: np.ndarray,
         dn: np.ndarray,
         n_docs: int,
+        dead: np.ndarray,
+        pad: int = 0,
     ) -> np.ndarray:
-        """BM25 of every slot; `dn` is k1 * (1 - b + b * len / avgdl) per slot."""
-        scores = np.zeros(len(alive), dtype=np.float32)
+        """BM25 of every slot (plus `pad` zeros at the end); `dn` is
+        k1 * (1 - b + b * len / avgdl) per slot, `dead` the slots that are not alive. Only the postings of the query terms are
+        touched: the array is allocated zeroed and scattered into."""
+        scores = np.zeros(len(alive) + pad, dtype=np.float32)
         if n_docs == 0:
             return scores
-        k1p = self.cfg.k1 + 1.0
-        mode = self.cfg.idf
         all_alive = n_docs == len(alive)
         for tid in q:
-            parts = [p for p in (seg.postings(tid) for seg in segs) if p is not None]
-            if not parts:
+            got = self._term(tid, segs, alive, n_docs)
+            if got is None:
                 continue
-            if all_alive:
-                df = sum(len(sl) for sl, _ in parts)
-            else:
-                df = sum(int(np.count_nonzero(alive[sl])) for sl, _ in parts)
-            if df == 0:
-                continue
-            w = float(idf(n_docs, df, mode)) * k1p
+            parts, w = got
             for slots, tf in parts:
                 scores[slots] += w * tf / (tf + dn[slots])
         if not all_alive:
-            scores[~alive] = 0.0
+            scores[dead] = 0.0  # dead slots score nothing
         return scores
+
+    def _derive(self) -> None:
+        """Slot lists derived from the arrays (not pickled: recomputed on load)."""
+        self._dead = np.flatnonzero(~self._alive)
+        self._c_dead = np.flatnonzero(~self._c_alive)
+        self._uslots = np.flatnonzero(self._unsorted & self._alive).astype(np.int64)
 
     def _length_norms(self) -> None:
         k1, b = self.cfg.k1, self.cfg.b
@@ -727,10 +757,12 @@ class Index:
         return {m: float(s[slot]) for m, slot in self._slot_of.items()}
 
     def _mem_bm25(self, q: list[int]) -> np.ndarray:
-        return self._bm25(q, self._segs, self._alive, self._dn, self._n_alive)
+        return self._bm25(q, self._segs, self._alive, self._dn, self._n_alive, self._dead)
 
     def _cluster_bm25(self, q: list[int]) -> np.ndarray:
-        return self._bm25(q, self._csegs, self._c_alive, self._c_dn, len(self._cslot_of))
+        return self._bm25(
+            q, self._csegs, self._c_alive, self._c_dn, len(self._cslot_of), self._c_dead
+        )
 
     def _rank(
         self,
@@ -744,8 +776,10 @@ class Index:
         if not q or self._n_alive == 0:
             return [], []
         cfg = self.cfg
-        s = self._mem_bm25(q)
-        smax = float(s.max()) if len(s) else 0.0
+        n = len(self._alive)
+        # BM25 of every slot, plus one zero at index n: a neighbour link of -1 reads it
+        s = self._bm25(q, self._segs, self._alive, self._dn, self._n_alive, self._dead, pad=1)
+        smax = float(s[:n].max()) if n else 0.0
         cs = self._cluster_bm25(q)
         chosen: list[tuple[str, str, float]] = []
         c_norm = np.zeros(len(cs) + 1, dtype=np.float32)  # last entry: unsorted (-1)
@@ -775,28 +809,41 @@ class Index:
                 ]
         if smax <= 0 and not chosen:
             return [], []
-        sn = s / smax if smax > 0 else s
+        # Only candidates are scored: the members of the chosen clusters, the unsorted
+        # memories with their own evidence, and both ends of every supersedes link (the
+        # successor's score bounds its predecessor's). Every other memory is not eligible,
+        # so the dense form over all slots gives the same result, element for element.
+        parts: list[np.ndarray] = [self._uslots[s[self._uslots] > 0]]
+        parts.extend(self._members[i] for i in np.flatnonzero(selected[:-1]).tolist())
+        if len(self._sup_old):
+            parts.extend((self._sup_old, self._sup_new))
+        cand = np.unique(np.concatenate(parts).astype(np.int64))
+        group = self._group[cand]
+        sc = s[cand]
+        sn = sc / smax if smax > 0 else sc
         score = sn.copy()
         if cfg.cluster_weight:
-            score += cfg.cluster_weight * c_norm[self._group]
+            score += cfg.cluster_weight * c_norm[group]
         # eligible: own lexical evidence, or a matching neighbour inside a chosen cluster
-        evidence = s > 0
+        evidence = sc > 0
         if cfg.neighbor_weight:
-            pad = np.append(sn, np.float32(0.0))
-            nb = np.maximum(pad[self._prev], pad[self._next])
+            sp, sx = s[self._prev[cand]], s[self._next[cand]]
+            if smax > 0:
+                sp, sx = sp / smax, sx / smax
+            nb = np.maximum(sp, sx)
             score += cfg.neighbor_weight * nb
             evidence |= nb > 0
-        eligible = evidence & (self._unsorted | selected[self._group])
-        if self._n_alive != len(eligible):
-            eligible &= self._alive
+        eligible = evidence & (self._unsorted[cand] | selected[group])
+        if self._n_alive != n:
+            eligible &= self._alive[cand]
         if cfg.use_freshness:
-            score = score * self._quality(now)
+            score = score * self._quality(now, cand)
         if len(self._sup_old):
-            score[self._sup_old] *= cfg.superseded_penalty
+            old = np.searchsorted(cand, self._sup_old)
+            succ = np.searchsorted(cand, self._sup_new)
+            score[old] *= cfg.superseded_penalty
             # a superseded memory ranks below its successor
-            score[self._sup_old] = np.minimum(
-                score[self._sup_old], score[self._sup_new] * np.float32(0.999)
-            )
+            score[old] = np.minimum(score[old], score[succ] * np.float32(0.999))
         score = np.where(eligible & (score > 0), score, 0.0)
         nz = np.flatnonzero(score)
         if len(nz) > limit:  # the top `limit` and everything tied with the last of them
@@ -804,30 +851,33 @@ class Index:
             nz = nz[score[nz] >= kth]
         # ties broken by memory id, not by slot: the same store gives the same order
         # however its snapshot was built
-        sc = score[nz].tolist()
         mems = self._mems
-        top = sorted(zip(nz.tolist(), sc), key=lambda p: (-p[1], mems[p[0]].id))[:limit]
+        ranked = zip(cand[nz].tolist(), score[nz].tolist())
+        top = sorted(ranked, key=lambda p: (-p[1], mems[p[0]].id))[:limit]
         hits = []
-        for slot, _ in top:
+        for slot, value in top:
             g = int(self._group[slot])
             c = self._clusters[g] if g >= 0 else None
             name = (c.name or c.id) if c else UNSORTED_NAME
-            hit = Hit(self._mems[slot], c.id if c else None, name, float(score[slot]))
+            hit = Hit(self._mems[slot], c.id if c else None, name, value)
             # conservative: the estimate of a joined context never exceeds the sum of these
             cost = int(self._tok[slot]) + estimate_tokens(f"[Memory · {name}]") + 1
             hits.append((hit, cost))
         return hits, chosen
 
-    def _quality(self, now: float | None) -> np.ndarray:
-        """Confidence (metadata importance) and freshness, as a multiplier around 1."""
+    def _quality(self, now: float | None, slots: np.ndarray) -> np.ndarray:
+        """Confidence (metadata importance) and freshness of these slots, as a multiplier
+        around 1."""
         cfg = self.cfg
         now = datetime.now(timezone.utc).timestamp() if now is None else now
-        age_days = np.maximum(0.0, (now - self._ts) / 86400.0)
+        age_days = np.maximum(0.0, (now - self._ts[slots]) / 86400.0)
         fresh = np.where(
             np.isnan(age_days), 0.5, 0.5 ** (age_days / max(cfg.freshness_half_life_days, 1e-9))
         )
         mult = (
-            1.0 + cfg.confidence_weight * (self._imp - 0.5) + cfg.freshness_weight * (fresh - 0.5)
+            1.0
+            + cfg.confidence_weight * (self._imp[slots] - 0.5)
+            + cfg.freshness_weight * (fresh - 0.5)
         )
         return np.maximum(mult, 0.0).astype(np.float32)
 
@@ -932,6 +982,81 @@ class Index:
         if best >= self.ingest.route_min_score and best - second >= self.ingest.route_margin:
             return self._clusters[int(top[0])].id
         return None
+
+    # cells of the (memories x cluster slots) score matrix that route_many fills at a time
+    ROUTE_CELLS = 1 << 20
+
+    def route_many(self, memories: Sequence[Memory]) -> list[str | None]:
+        """`route` of each memory, in one pass for the whole batch (ingest).
+
+        The profile scores of a chunk of memories against all cluster slots are one dense
+        (memories x cluster slots) float32 matrix, and each distinct term of the chunk one
+        dense row of its BM25 contributions. Pass j adds the row of every memory's j-th term
+        at once, so a cell gets the same float32 additions in the same order as `route`'s
+        score vector (plus exact zeros), and the answers are equal.
+        """
+        out: list[str | None] = [None] * len(memories)
+        if not memories or not self._cslot_of:
+            return out
+        alive, segs, dn = self._c_alive, self._csegs, self._c_dn
+        n_docs, nc = len(self._cslot_of), len(self._c_alive)
+        term_of: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+        qs: list[list[int]] = []
+        for m in memories:
+            q = []
+            for tid in self._term_ids(m.content):
+                if tid not in term_of:
+                    got = self._term(tid, segs, alive, n_docs)
+                    if got is None:
+                        term_of[tid] = None
+                    else:
+                        parts, w = got
+                        cols = np.concatenate([sl for sl, _ in parts])
+                        vals = np.concatenate([w * tf / (tf + dn[sl]) for sl, tf in parts])
+                        term_of[tid] = (cols, vals)
+                if term_of[tid] is not None:
+                    q.append(tid)
+            qs.append(q)
+        dead = self._c_dead if n_docs != nc else None
+        min_score, margin = self.ingest.route_min_score, self.ingest.route_margin
+        rows = max(1, self.ROUTE_CELLS // nc)
+        for r0 in range(0, len(qs), rows):
+            chunk = qs[r0 : r0 + rows]
+            nr = len(chunk)
+            row_of: dict[int, int] = {}
+            for q in chunk:
+                for tid in q:
+                    row_of.setdefault(tid, len(row_of))
+            contrib = np.zeros((len(row_of), nc), dtype=np.float32)
+            for tid, r in row_of.items():
+                cols, vals = term_of[tid]  # type: ignore[misc]
+                contrib[r, cols] = vals
+            width = max((len(q) for q in chunk), default=0)
+            pos = np.full((nr, width), -1, dtype=np.int64)  # term row per (memory, position)
+            for i, q in enumerate(chunk):
+                pos[i, : len(q)] = [row_of[t] for t in q]
+            mat = np.zeros((nr, nc), dtype=np.float32)
+            for j in range(width):
+                rj = np.flatnonzero(pos[:, j] >= 0)
+                if len(rj) == nr:
+                    mat += contrib[pos[:, j]]
+                else:
+                    mat[rj] += contrib[pos[rj, j]]
+            if dead is not None:
+                mat[:, dead] = 0.0
+            best_col = np.argmax(mat, axis=1)  # the first of equal maxima, as a stable sort
+            ridx = np.arange(nr)
+            # compared in float64, as `route` does with Python floats
+            best = mat[ridx, best_col].astype(np.float64)
+            if nc > 1:
+                mat[ridx, best_col] = -np.inf
+                second = mat.max(axis=1).astype(np.float64)
+            else:
+                second = np.zeros(nr, dtype=np.float64)
+            ok = (best >= min_score) & (best - second >= margin)
+            for i in np.flatnonzero(ok).tolist():
+                out[r0 + i] = self._clusters[int(best_col[i])].id
+        return out
 
 
 def _line(h: Hit) -> str:

@@ -4,7 +4,7 @@ cluster or to a new unsorted shard, one commit per batch. Runs on the writer thr
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .inbox import Item
@@ -44,13 +44,15 @@ def new_batch_id() -> str:
 def ingest_items(
     ctx: WriteContext,
     items: list[Item],
-    route: Callable[[Memory], str | None],
+    route: Callable[[list[Memory]], Sequence[str | None]],
     source: str,
     files: int = 0,
     known: set[str] | None = None,
 ) -> IngestResult:
-    """Add the items that are new; return what happened. `known` is the set of memory ids
-    and content hashes already stored (kept by the engine so this is not O(store))."""
+    """Add the items that are new; return what happened. `route` is a batch router: it
+    gets every new memory of the batch at once and returns a cluster id (or None: the
+    unsorted area) for each, in order. `known` is the set of memory ids and content hashes
+    already stored (kept by the engine so this is not O(store))."""
     res = IngestResult(batch=new_batch_id(), files=files)
     keys = known if known is not None else ctx.state.content_keys()
     fresh: list[Memory] = []
@@ -66,8 +68,10 @@ def ingest_items(
     if not fresh:
         return res
     shard: list[Memory] = []
-    for m in fresh:
-        cid = route(m)
+    targets = route(fresh)
+    if len(targets) != len(fresh):
+        raise ValueError(f"the router gave {len(targets)} answers for {len(fresh)} memories")
+    for m, cid in zip(fresh, targets):
         cluster = ctx.state.clusters.get(cid) if cid else None
         if cluster is not None:
             ctx.touch_cluster(cluster.id)

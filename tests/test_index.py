@@ -406,3 +406,136 @@ def test_old_snapshot_pickles_are_refused():
     state = dict(ix.__dict__, _format=1)
     with pytest.raises(ValueError):
         Index.__new__(Index).__setstate__(state)
+
+
+def _dense_rank(ix: Index, text: str, limit: int, now: float | None = None, only=None):
+    """The dense reference of `Index._rank` (every slot scored, as before candidate
+    scoring): (memory id, score) of the top `limit`, ties by id."""
+    q = [i for i in map(ix._vocab.get, ix._tokens(text)) if i is not None]
+    if not q or ix._n_alive == 0:
+        return []
+    cfg = ix.cfg
+    s = ix._mem_bm25(q)
+    smax = float(s.max()) if len(s) else 0.0
+    cs = ix._cluster_bm25(q)
+    c_norm = np.zeros(len(cs) + 1, dtype=np.float32)
+    selected = np.zeros(len(cs) + 1, dtype=bool)
+    chosen = False
+    if only is not None:
+        order = np.asarray([ix._cslot_of[c] for c in only if c in ix._cslot_of], dtype=np.int64)
+        if len(order):
+            cmax = float(cs[order].max())
+            if cmax > 0:
+                c_norm[:-1] = np.maximum(cs / cmax, 0.0)
+            selected[order] = chosen = True
+    elif len(cs) and cfg.top_clusters > 0:
+        order = np.argsort(-cs, kind="stable")[: cfg.top_clusters]
+        order = order[cs[order] > 0]
+        if len(order):
+            c_norm[:-1] = cs / float(cs[order[0]])
+            selected[order] = chosen = True
+    if smax <= 0 and not chosen:
+        return []
+    sn = s / smax if smax > 0 else s
+    score = sn.copy()
+    if cfg.cluster_weight:
+        score += cfg.cluster_weight * c_norm[ix._group]
+    evidence = s > 0
+    if cfg.neighbor_weight:
+        pad = np.append(sn, np.float32(0.0))
+        nb = np.maximum(pad[ix._prev], pad[ix._next])
+        score += cfg.neighbor_weight * nb
+        evidence |= nb > 0
+    eligible = evidence & (ix._unsorted | selected[ix._group]) & ix._alive
+    if cfg.use_freshness:
+        score = score * ix._quality(now, np.arange(len(score)))
+    if len(ix._sup_old):
+        score[ix._sup_old] *= cfg.superseded_penalty
+        score[ix._sup_old] = np.minimum(score[ix._sup_old], score[ix._sup_new] * np.float32(0.999))
+    score = np.where(eligible & (score > 0), score, 0.0)
+    nz = np.flatnonzero(score)
+    top = sorted((-float(score[i]), ix._mems[int(i)].id) for i in nz)[:limit]
+    return [(mid, -neg) for neg, mid in top]
+
+
+def _check_dense(ix: Index, queries: list[str], now: float | None = None) -> None:
+    for q in queries:
+        for only in (None, sorted(ix._cslot_of)[:2]):
+            hits, _ = ix._rank(ix._tokens(q), 9, now, only)
+            got = [(h.memory.id, h.score) for h, _ in hits]
+            assert got == _dense_rank(ix, q, 9, now, only)  # exactly: same float32 steps
+
+
+@pytest.mark.parametrize("freshness", [False, True])
+def test_candidate_scoring_equals_the_dense_reference(freshness):
+    clusters, unsorted, vocab, rng = _random_store(7, n_clusters=8, per=7, n_unsorted=15)
+    cfg = RetrievalConfig(use_freshness=freshness, top_clusters=3)
+    # a supersedes link inside one cluster
+    c0 = clusters["c-00000000"]
+    clusters["c-00000000"] = Cluster(
+        c0.id, c0.name, memories=c0.memories, supersedes={c0.memories[1].id: c0.memories[0].id}
+    )
+    ix = Index.build(clusters, unsorted, cfg)
+    queries = [" ".join(rng.choices(vocab, k=rng.randint(1, 4))) for _ in range(30)]
+    now = (T0 + timedelta(days=3)).timestamp()
+    _check_dense(ix, queries, now)
+    # dead slots: a changed memory, a removed cluster, removed unsorted memories
+    c1 = clusters["c-00000001"]
+    edited = [mem(c1.memories[0].content + " w5 edited", 50), *c1.memories[1:]]
+    ix2 = ix.apply(
+        upsert_clusters=[Cluster(c1.id, "Renamed", memories=edited)],
+        remove_clusters=["c-00000002"],
+        add_unsorted=[mem(" ".join(rng.choices(vocab, k=5)), 60)],
+        remove_unsorted=[m.id for m in unsorted[:4]],
+    )
+    assert ix2._n_alive < len(ix2._alive)
+    _check_dense(ix2, queries, now)
+
+
+def _routing_store(seed: int):
+    clusters, unsorted, vocab, rng = _random_store(seed, n_clusters=9, per=6, n_unsorted=0)
+    # topical clusters: each has its own words, so routing has clear winners
+    for j, cid in enumerate(sorted(clusters)):
+        c = clusters[cid]
+        own = [f"t{j}x{k}" for k in range(4)]
+        clusters[cid] = Cluster(
+            cid,
+            c.name,
+            memories=[
+                mem(m.content + " " + " ".join(rng.choices(own, k=3)), i)
+                for i, m in enumerate(c.memories)
+            ],
+        )
+    batch = []
+    for i in range(120):
+        j = rng.randrange(9)
+        own = [f"t{j}x{k}" for k in range(4)]
+        words = rng.choices(vocab, k=rng.randint(0, 6)) + rng.choices(own, k=rng.randint(0, 3))
+        batch.append(mem(" ".join(words) + f" r{i} r{i}", 100 + i))
+    batch.append(mem("zzz qqq unknown words only", 999))
+    batch.append(mem("the and of", 998))
+    return clusters, batch
+
+
+@pytest.mark.parametrize("idf_mode", ["lucene", "okapi"])
+def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
+    clusters, batch = _routing_store(11)
+    loose = IngestConfig(route_min_score=1.0, route_margin=0.3)
+    ix = Index.build(clusters, [], RetrievalConfig(idf=idf_mode), loose)
+    one = [ix.route(m) for m in batch]
+    assert ix.route_many(batch) == one
+    assert any(one) and not all(one)  # some routed, some not
+    # several chunks of rows
+    monkeypatch.setattr(Index, "ROUTE_CELLS", 3 * len(ix._c_alive))
+    assert ix.route_many(batch) == one
+    # dead cluster slots (a rewritten and a removed cluster)
+    cids = sorted(clusters)
+    c = clusters[cids[0]]
+    ix2 = ix.apply(
+        upsert_clusters=[Cluster(c.id, "Other name", memories=c.memories[1:])],
+        remove_clusters=[cids[1]],
+    )
+    assert len(ix2._c_dead)
+    assert ix2.route_many(batch) == [ix2.route(m) for m in batch]
+    assert ix2.route_many([]) == []
+    assert Index.build({}, []).route_many(batch[:3]) == [None, None, None]
