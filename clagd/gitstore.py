@@ -46,8 +46,14 @@ class GitStore:
         self.root = Path(root)
         self.git = Git(str(self.root))
         # A fixed environment: no pager, no editor, no prompts; a commit identity of our own.
+        # GIT_OPTIONAL_LOCKS=0: our frequent `git status` must not take the index lock, or a
+        # user's own git command in the store would fail with "index.lock: File exists".
         self.git.update_environment(
-            GIT_TERMINAL_PROMPT="0", GIT_EDITOR="true", GIT_PAGER="cat", LC_ALL="C"
+            GIT_TERMINAL_PROMPT="0",
+            GIT_EDITOR="true",
+            GIT_PAGER="cat",
+            LC_ALL="C",
+            GIT_OPTIONAL_LOCKS="0",
         )
 
     # -- plumbing ---------------------------------------------------------------

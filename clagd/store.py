@@ -210,34 +210,75 @@ def _load_shard(path: Path, errors: list[str]) -> list[Memory] | None:
         return None
 
 
-def load_state(root: Path) -> StoreState:
-    """Read every cluster, archived cluster and unsorted shard; raise StoreError listing
-    every problem (so a broken hand edit is reported whole, and nothing half-loaded serves)."""
+@dataclass
+class FileUpdate:
+    """What re-reading some store files found: per file, the new content or None (gone)."""
+
+    clusters: dict[str, Cluster | None] = field(default_factory=dict)
+    archive: dict[str, Cluster | None] = field(default_factory=dict)
+    shards: dict[str, list[Memory] | None] = field(default_factory=dict)
+
+
+def data_files(root: Path) -> list[str]:
+    """Every store file that holds memories, relative to the store."""
+    return [
+        f"{d}/{f.name}"
+        for d in (CLUSTERS, ARCHIVE, UNSORTED)
+        if (Path(root) / d).is_dir()
+        for f in sorted((Path(root) / d).glob("*.yaml"))
+    ]
+
+
+def read_files(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, FileUpdate]:
+    """`base` with the given files re-read from the working tree (a missing file is a
+    removal); `base` itself is not modified. Raises StoreError naming every problem: broken
+    files, bad ids, a memory in two places. So a broken hand edit is reported whole, and
+    nothing half-read is ever served."""
     paths = Paths(Path(root))
-    state = StoreState()
     errors: list[str] = []
-    for folder, target in ((paths.clusters, state.clusters), (paths.archive, state.archived)):
-        if folder.is_dir():
-            for f in sorted(folder.glob("*.yaml")):
-                c = _load_cluster(f, errors)
-                if c is not None:
-                    target[c.id] = c
-    if paths.unsorted.is_dir():
-        for f in sorted(paths.unsorted.glob("*.yaml")):
-            if not valid_shard_name(f.stem):
-                errors.append(f"{f.name}: invalid unsorted shard name")
+    upd = FileUpdate()
+    for rel in rel_paths:
+        p = Path(rel)
+        if (
+            len(p.parts) != 2
+            or p.suffix != ".yaml"
+            or p.parts[0] not in (CLUSTERS, ARCHIVE, UNSORTED)
+        ):
+            continue
+        full = paths.root / p
+        if p.parts[0] == UNSORTED:
+            if not valid_shard_name(p.stem):
+                errors.append(f"{rel}: invalid unsorted shard name")
                 continue
-            mems = _load_shard(f, errors)
-            if mems is not None:
-                state.unsorted[f.stem] = mems
+            upd.shards[p.stem] = _load_shard(full, errors) if full.exists() else None
+        else:
+            target = upd.clusters if p.parts[0] == CLUSTERS else upd.archive
+            target[p.stem] = _load_cluster(full, errors) if full.exists() else None
+    state = StoreState(dict(base.clusters), dict(base.archived), dict(base.unsorted))
+    for area, repl in ((state.clusters, upd.clusters), (state.archived, upd.archive)):
+        for k, v in repl.items():
+            if v is None:
+                area.pop(k, None)
+            else:
+                area[k] = v
+    for name, mems in upd.shards.items():
+        if mems is None:
+            state.unsorted.pop(name, None)
+        else:
+            state.unsorted[name] = mems
     seen: dict[str, str] = {}
-    for m, area, key in state.all_memories():
-        _check_memory(m, f"{area}/{key}", seen, errors)
+    for m, area_name, key in state.all_memories():
+        _check_memory(m, f"{area_name}/{key}", seen, errors)
     for cid in set(state.clusters) & set(state.archived):
         errors.append(f"cluster {cid} is both hot and archived")
     if errors:
         raise StoreError("invalid store: " + "; ".join(errors[:20]))
-    return state
+    return state, upd
+
+
+def load_state(root: Path) -> StoreState:
+    """Read every cluster, archived cluster and unsorted shard (see `read_files`)."""
+    return read_files(root, StoreState(), data_files(root))[0]
 
 
 def write_cluster(paths: Paths, c: Cluster, archived: bool = False) -> Path:

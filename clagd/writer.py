@@ -28,11 +28,8 @@ from .store import (
     UNSORTED,
     Paths,
     StoreState,
-    _check_memory,
-    _load_cluster,
-    _load_shard,
     load_state,
-    valid_shard_name,
+    read_files,
     write_cluster,
     write_shard,
 )
@@ -208,60 +205,21 @@ class WriteContext:
 
 
 def read_changes(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, Changes]:
-    """`base` with the given store files re-read from the working tree (a missing file is a
-    removal), and the index changes that takes. `base` itself is not modified. Raises
-    StoreError naming every broken file, or a memory that would appear twice."""
-    paths = Paths(root)
-    errors: list[str] = []
-    new_clusters: dict[str, Cluster | None] = {}
-    new_archive: dict[str, Cluster | None] = {}
-    new_shards: dict[str, list[Memory] | None] = {}
-    for rel in rel_paths:
-        p = Path(rel)
-        if len(p.parts) != 2 or p.suffix != ".yaml" or p.parts[0] not in DATA_DIRS:
-            continue
-        full = paths.root / p
-        if p.parts[0] == UNSORTED:
-            if not valid_shard_name(p.stem):
-                errors.append(f"{rel}: invalid unsorted shard name")
-                continue
-            new_shards[p.stem] = _load_shard(full, errors) if full.exists() else None
+    """`read_files`, plus the index changes that take `base` to the new state."""
+    state, upd = read_files(root, base, rel_paths)
+    changes = Changes(archive_changed=bool(upd.archive))
+    for cid, c in upd.clusters.items():
+        if c is None:
+            changes.remove_clusters.append(cid)
         else:
-            target = new_clusters if p.parts[0] == CLUSTERS else new_archive
-            target[p.stem] = _load_cluster(full, errors) if full.exists() else None
-    candidate = StoreState(dict(base.clusters), dict(base.archived), dict(base.unsorted))
-    for area, repl in ((candidate.clusters, new_clusters), (candidate.archived, new_archive)):
-        for k, v in repl.items():
-            if v is None:
-                area.pop(k, None)
-            else:
-                area[k] = v
-    for k2, v2 in new_shards.items():
-        if v2 is None:
-            candidate.unsorted.pop(k2, None)
-        else:
-            candidate.unsorted[k2] = v2
-    seen: dict[str, str] = {}
-    for m, area_name, key in candidate.all_memories():
-        _check_memory(m, f"{area_name}/{key}", seen, errors)
-    for cid in set(candidate.clusters) & set(candidate.archived):
-        errors.append(f"cluster {cid} is both hot and archived")
-    if errors:
-        raise StoreError("invalid store files: " + "; ".join(errors[:10]))
-    changes = Changes()
-    for k, v in new_clusters.items():
-        if v is None:
-            changes.remove_clusters.append(k)
-        else:
-            changes.upsert_clusters.append(v)
-    for k2 in new_shards:
-        before = {m.id for m in base.unsorted.get(k2, [])}
-        after_list = candidate.unsorted.get(k2, [])
+            changes.upsert_clusters.append(c)
+    for name in upd.shards:
+        before = {m.id for m in base.unsorted.get(name, [])}
+        after_list = state.unsorted.get(name, [])
         after = {m.id for m in after_list}
         changes.add_unsorted.extend(m for m in after_list if m.id not in before)
         changes.remove_unsorted.extend(sorted(before - after))
-    changes.archive_changed = bool(new_archive)
-    return candidate, changes
+    return state, changes
 
 
 class Writer:
