@@ -49,8 +49,13 @@ class Engine:
         self.notes: list[str] = self.git.recover()
         txn = self.paths.runtime / "txn"
         if txn.exists():
-            # a killed daemon left a change half-written: its inputs are still in the inbox
-            self.git.reset_paths_to_head(DATA_DIRS)
+            # a killed daemon left a change half-written (its inputs are still in the inbox):
+            # put back the files it named, or every data folder when it named none
+            touched = [p for p in txn.read_text(encoding="utf-8").splitlines()[1:] if p.strip()]
+            if touched:
+                self.git.restore_paths(touched)
+            else:
+                self.git.reset_paths_to_head(DATA_DIRS)
             txn.unlink()
             self.notes.append("discarded a half-written change left by a stopped daemon")
         for note in self.notes:

@@ -112,7 +112,7 @@ class WriteContext:
     ) -> str | None:
         """Write every touched file, commit exactly those, publish the change to readers."""
         w = self.w
-        w.begin_txn(subject)
+        w.begin_txn(subject, self.touched_paths())
         written: list[str] = []
         for cid in sorted(self._clusters):
             written.append(self._write_or_remove(cid, archived=False))
@@ -278,8 +278,11 @@ class Writer:
     def txn_file(self) -> Path:
         return self.paths.runtime / "txn"
 
-    def begin_txn(self, what: str) -> None:
-        atomic_write_text(self.txn_file, what.replace("\n", " ") + "\n")
+    def begin_txn(self, what: str, paths: list[str] | None = None) -> None:
+        """Mark a change as being written: its subject, then the files it may touch (none
+        listed: it may touch any file under the data folders)."""
+        lines = [what.replace("\n", " ")] + list(paths or [])
+        atomic_write_text(self.txn_file, "\n".join(lines) + "\n")
 
     def end_txn(self) -> None:
         self.txn_file.unlink(missing_ok=True)

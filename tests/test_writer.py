@@ -56,3 +56,31 @@ def test_failed_operation_restores_only_what_it_touched(tmp_path: Path) -> None:
         assert eng.writer.failures == 1 and "disk trouble" in eng.writer.last_error
     finally:
         eng.close()
+
+
+def test_start_after_a_kill_mid_write_restores_only_the_files_of_that_change(
+    tmp_path: Path,
+) -> None:
+    root = make_store(tmp_path / "m")
+    eng = Engine(root)
+    eng.ingest([Item("a committed memory", None, {})], "test")
+    eng.close()
+    shard = next((root / "unsorted").glob("u-*.yaml"))
+    committed = shard.read_text()
+    # the killed change: it was rewriting `shard` and adding a new shard
+    half = root / "unsorted" / "u-20260101T000000-bbbbbb.yaml"
+    half.write_text(yaml.safe_dump({"memories": [Memory.new("half-written").to_dict()]}))
+    shard.write_text(committed + "- {id: m-0000000000000001, content: torn}\n")
+    # and a hand edit of the user's, elsewhere, at the same time
+    mine = root / "unsorted" / "u-20260101T000000-cccccc.yaml"
+    mine.write_text(yaml.safe_dump({"memories": [Memory.new("the user's own note").to_dict()]}))
+    rel = [str(p.relative_to(root)) for p in (shard, half)]
+    (root / ".clagd" / "txn").write_text("ingest: 1 memory\n" + "\n".join(rel) + "\n")
+    eng = Engine(root)
+    try:
+        assert shard.read_text() == committed and not half.exists() and mine.exists()
+        contents = sorted(m.content for m, _a, _k in eng.state.all_memories())
+        assert contents == ["a committed memory", "the user's own note"]
+        assert not (root / ".clagd" / "txn").exists()
+    finally:
+        eng.close()
