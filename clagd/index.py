@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -300,6 +301,22 @@ def _with_segment(
         b = out.pop()
         out[-1] = _merge(out[-1], b, alive, n_terms)
     return tuple(out)
+
+
+@lru_cache(maxsize=65536)
+def _label_tokens(name: str) -> int:
+    """Estimated tokens of a context line's `[Memory · <name>]` prefix."""
+    return estimate_tokens(f"[Memory · {name}]")
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the `k` highest scores, highest first, ties by index: the same as
+    `np.argsort(-scores, kind="stable")[:k]` without sorting everything."""
+    if len(scores) > 4 * k:
+        kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+        cand = np.flatnonzero(scores >= kth)  # the top k and everything tied with the last
+        return cand[np.argsort(-scores[cand], kind="stable")][:k]
+    return np.argsort(-scores, kind="stable")[:k]
 
 
 def _forward(
@@ -731,7 +748,12 @@ class Index:
                 continue
             parts, w = got
             for slots, tf in parts:
-                scores[slots] += w * tf / (tf + dn[slots])
+                sl = slots.astype(np.intp)  # once, not per fancy index
+                x = dn.take(sl)
+                x += tf
+                y = w * tf
+                y /= x  # w * tf / (tf + dn): the same float32 steps as the plain expression
+                scores[sl] += y
         if not all_alive:
             scores[dead] = 0.0  # dead slots score nothing
         return scores
@@ -797,7 +819,7 @@ class Index:
                     for i in order.tolist()
                 ]
         elif len(cs) and cfg.top_clusters > 0:
-            order = np.argsort(-cs, kind="stable")[: cfg.top_clusters]
+            order = _top(cs, cfg.top_clusters)
             order = order[cs[order] > 0]
             if len(order):
                 cmax = float(cs[order[0]])
@@ -861,7 +883,7 @@ class Index:
             name = (c.name or c.id) if c else UNSORTED_NAME
             hit = Hit(self._mems[slot], c.id if c else None, name, value)
             # conservative: the estimate of a joined context never exceeds the sum of these
-            cost = int(self._tok[slot]) + estimate_tokens(f"[Memory · {name}]") + 1
+            cost = int(self._tok[slot]) + _label_tokens(name) + 1
             hits.append((hit, cost))
         return hits, chosen
 
@@ -958,7 +980,7 @@ class Index:
         if not q or not self._cslot_of or n <= 0:
             return []
         cs = self._cluster_bm25(q)
-        order = np.argsort(-cs, kind="stable")[:n]
+        order = _top(cs, n)
         return [
             (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
             for i in order.tolist()

@@ -539,3 +539,13 @@ def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
     assert ix2.route_many(batch) == [ix2.route(m) for m in batch]
     assert ix2.route_many([]) == []
     assert Index.build({}, []).route_many(batch[:3]) == [None, None, None]
+
+
+def test_top_equals_a_stable_argsort():
+    from clagd.index import _top
+
+    rng = np.random.default_rng(5)
+    for n, k in ((50, 4), (1000, 4), (1000, 8), (3, 4), (200, 1)):
+        for scores in (rng.random(n), rng.integers(0, 3, n).astype(np.float32), np.zeros(n)):
+            ref = np.argsort(-scores, kind="stable")[:k]
+            assert _top(scores, k).tolist() == ref.tolist()
