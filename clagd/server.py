@@ -87,6 +87,23 @@ class _ConnHandler(socketserver.StreamRequestHandler):
         except OSError:
             return False
 
+    def _linger(self) -> None:
+        """Close so that a reply just sent is read: closing a Unix socket with the client's
+        request still unread resets the connection, and the client sees ECONNRESET instead
+        of the reply. Half-close, then discard what the client sent (briefly, bounded)."""
+        try:
+            self.wfile.flush()
+            self.request.shutdown(socket.SHUT_WR)
+            self.request.settimeout(0.5)
+            budget = 8 << 20
+            while budget > 0:
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    break
+                budget -= len(chunk)
+        except OSError:
+            pass
+
     def handle(self) -> None:
         srv = self.server
         uid = peer_uid(self.request)
@@ -99,6 +116,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
                     "error": {"code": "forbidden", "message": f"uid {uid} may not use this daemon"},
                 }
             )
+            self._linger()
             return
         with srv.count_lock:
             srv.active += 1
@@ -112,6 +130,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
                         "error": {"code": "busy", "message": "too many clients; try again"},
                     }
                 )
+                self._linger()
                 return
             self._serve()
         finally:
@@ -137,6 +156,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
                         "error": {"code": "too_large", "message": f"request over {limit} bytes"},
                     }
                 )
+                self._linger()
                 return  # the rest of the line cannot be resynchronised
             if not line.strip():
                 continue
