@@ -6,6 +6,7 @@ readers use index snapshots instead.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .errors import StoreError
 from .model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id
-from .yamlio import YamlError, atomic_write_yaml, load_yaml_file
+from .yamlio import YamlError, atomic_write_text, dumps, load_yaml_file
 
 CLUSTERS = "clusters"
 ARCHIVE = "archive"
@@ -281,15 +282,46 @@ def load_state(root: Path) -> StoreState:
     return read_files(root, StoreState(), data_files(root))[0]
 
 
-def write_cluster(paths: Paths, c: Cluster, archived: bool = False) -> Path:
+# YAML text of each memory as a list item, reused while the memory is unchanged: a cluster
+# file is rewritten whole when one memory joins it, and dumping every member again dominated
+# the cost of ingest. The output is byte-identical to dumping the whole file.
+_FRAGMENTS: dict[str, tuple[str, str, str, str]] = {}
+_MAX_FRAGMENTS = 400_000
+
+
+def _fragment(m: Memory) -> str:
+    meta = json.dumps(m.metadata, sort_keys=True, default=str) if m.metadata else ""
+    hit = _FRAGMENTS.get(m.id)
+    if hit is not None and hit[0] == m.content and hit[1] == m.created_at and hit[2] == meta:
+        return hit[3]
+    text = dumps([m.to_dict()])
+    if len(_FRAGMENTS) >= _MAX_FRAGMENTS:
+        _FRAGMENTS.clear()
+    _FRAGMENTS[m.id] = (m.content, m.created_at, meta, text)
+    return text
+
+
+def _memories_yaml(head: dict, mems: list[Memory]) -> str:
+    if not mems:
+        return dumps({**head, "memories": []})
+    return (dumps(head) if head else "") + "memories:\n" + "".join(_fragment(m) for m in mems)
+
+
+def cluster_yaml(c: Cluster) -> str:
+    d = c.to_dict()
+    d.pop("memories")
+    return _memories_yaml(d, c.memories)
+
+
+def write_cluster(paths: Paths, c: Cluster, archived: bool = False, fsync: bool = True) -> Path:
     path = paths.cluster_file(c.id, archived)
-    atomic_write_yaml(path, c.to_dict(), sync_dir=False)
+    atomic_write_text(path, cluster_yaml(c), sync_dir=False, fsync=fsync)
     return path
 
 
-def write_shard(paths: Paths, name: str, mems: list[Memory]) -> Path:
+def write_shard(paths: Paths, name: str, mems: list[Memory], fsync: bool = True) -> Path:
     path = paths.shard_file(name)
-    atomic_write_yaml(path, {"memories": [m.to_dict() for m in mems]}, sync_dir=False)
+    atomic_write_text(path, _memories_yaml({}, mems), sync_dir=False, fsync=fsync)
     return path
 
 

@@ -33,7 +33,7 @@ from .store import (
     write_cluster,
     write_shard,
 )
-from .yamlio import atomic_write_text, fsync_dir
+from .yamlio import atomic_write_text, fsync_dir, fsync_file, syncfs
 
 log = logging.getLogger("clagd.writer")
 DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
@@ -110,9 +110,15 @@ class WriteContext:
     def commit(
         self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
     ) -> str | None:
-        """Write every touched file, commit exactly those, publish the change to readers."""
+        """Write every touched file, commit exactly those, publish the change to readers.
+
+        Durability: the transaction marker (fsynced) names every file first; the files are
+        written and renamed without one fsync each, then flushed together with one syncfs
+        (or file by file where syncfs is missing) before the marker goes. A crash before
+        that point is undone at start-up from the marker, a crash after it loses nothing."""
         w = self.w
         w.begin_txn(subject, self.touched_paths())
+        batch_sync = w.can_syncfs
         written: list[str] = []
         for cid in sorted(self._clusters):
             written.append(self._write_or_remove(cid, archived=False))
@@ -123,7 +129,7 @@ class WriteContext:
             mems = self.state.unsorted.get(name, [])
             path = self.paths.shard_file(name)
             if mems:
-                write_shard(self.paths, name, mems)
+                write_shard(self.paths, name, mems, fsync=not batch_sync)
             else:
                 self.state.unsorted.pop(name, None)
                 path.unlink(missing_ok=True)
@@ -131,8 +137,14 @@ class WriteContext:
             after = {m.id for m in mems}
             changes.add_unsorted.extend(m for m in mems if m.id not in before)
             changes.remove_unsorted.extend(sorted(before - after))
-        for d in DATA_DIRS:
-            fsync_dir(self.paths.root / d)
+        if batch_sync:
+            w.can_syncfs = syncfs(self.paths.root)
+            if not w.can_syncfs:  # flush what was written without fsync, file by file
+                for rel in written:
+                    fsync_file(self.paths.root / rel)
+        if not w.can_syncfs:
+            for d in DATA_DIRS:
+                fsync_dir(self.paths.root / d)
         sha = w.git.commit(written, subject, body, trailers)
         w.end_txn()
         for cid in sorted(self._clusters):
@@ -158,7 +170,7 @@ class WriteContext:
         area = self.state.archived if archived else self.state.clusters
         path = self.paths.cluster_file(cid, archived)
         if cid in area:
-            write_cluster(self.paths, area[cid], archived)
+            write_cluster(self.paths, area[cid], archived, fsync=not self.w.can_syncfs)
         else:
             path.unlink(missing_ok=True)
         return str(path.relative_to(self.paths.root))
@@ -238,6 +250,7 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
         self.commits = 0
+        self.can_syncfs = True  # until a syncfs call says otherwise
         self.failures = 0
         self.last_error = ""
         self._needs_restore = False

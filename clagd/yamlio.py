@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import tempfile
 from pathlib import Path
@@ -74,15 +76,53 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str, sync_dir: bool = True) -> None:
-    """Temp file in the same folder, fsync, rename, fsync the folder: all or nothing."""
+def fsync_file(path: Path) -> None:
+    """fsync a file that may have been removed meanwhile."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def syncfs(path: Path) -> bool:
+    """Flush the whole filesystem holding `path` in one call (Linux syncfs(2)); False where
+    that is not available, and the caller must fsync file by file."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _libc.syncfs  # noqa: B018 - raises AttributeError where there is no syncfs
+        except (OSError, AttributeError):
+            _libc = False
+    if not _libc:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return bool(_libc.syncfs(fd) == 0)
+    finally:
+        os.close(fd)
+
+
+_libc: Any = None
+
+
+def atomic_write_text(path: Path, text: str, sync_dir: bool = True, fsync: bool = True) -> None:
+    """Temp file in the same folder, fsync, rename, fsync the folder: all or nothing.
+
+    `fsync=False` leaves flushing to the caller (the writer flushes a whole commit's files
+    with one `syncfs`, and its transaction marker covers a crash before that)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -94,5 +134,5 @@ def atomic_write_text(path: Path, text: str, sync_dir: bool = True) -> None:
         fsync_dir(path.parent)
 
 
-def atomic_write_yaml(path: Path, data: Any, sync_dir: bool = True) -> None:
-    atomic_write_text(path, dumps(data), sync_dir=sync_dir)
+def atomic_write_yaml(path: Path, data: Any, sync_dir: bool = True, fsync: bool = True) -> None:
+    atomic_write_text(path, dumps(data), sync_dir=sync_dir, fsync=fsync)

@@ -128,3 +128,42 @@ def test_store_files_stay_inside_the_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         paths.shard_file("../u-x")
     assert not os.path.exists(tmp_path / "etc")
+
+
+def test_cached_memory_fragments_write_exactly_what_a_full_dump_writes() -> None:
+    import random
+
+    from clagd.store import _memories_yaml, cluster_yaml
+
+    rnd = random.Random(1)
+    mems = [
+        Memory.new(
+            "x" * rnd.randint(1, 250) + f" '\"é: - # {i}" + ("\nline" if i % 3 else ""),
+            "2026-01-01T00:00:00Z",
+            {"importance": 0.5, "merged": [{"a": i}]} if i % 2 else {},
+        )
+        for i in range(40)
+    ]
+    for t in range(60):
+        pick = rnd.sample(mems, rnd.randint(0, 6))
+        c = Cluster(
+            "c-0123456789ab",
+            "Name: x",
+            "d",
+            ["t"],
+            "a",
+            "b",
+            pick,
+            pinned=bool(t % 2),
+            supersedes={"m-1": "m-2"} if t % 3 == 0 else {},
+        )
+        assert cluster_yaml(c) == dumps(c.to_dict())
+        assert _memories_yaml({}, pick) == dumps({"memories": [m.to_dict() for m in pick]})
+    # a memory changed in place (metadata appended to) is dumped again, not served stale
+    m = mems[1]
+    before = cluster_yaml(Cluster("c-0123456789ab", "N a", memories=[m]))
+    m.metadata["merged"].append({"b": 2})
+    after = cluster_yaml(Cluster("c-0123456789ab", "N a", memories=[m]))
+    assert after != before and after == dumps(
+        Cluster("c-0123456789ab", "N a", memories=[m]).to_dict()
+    )
