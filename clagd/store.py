@@ -30,7 +30,12 @@ SHARD_PREFIX = "u-"
 
 
 def template_dir() -> Path:
-    return Path(str(resources.files("clagd.store_template")))
+    """store_template/: packaged as `clagd.store_template` in a wheel; beside the package in
+    a source checkout (where `clagd` is imported from the work tree)."""
+    try:
+        return Path(str(resources.files("clagd.store_template")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "store_template"
 
 
 def new_shard_name() -> str:
