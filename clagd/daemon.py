@@ -8,6 +8,7 @@ writer finish and commit, remove the socket, release the lock, exit 0.
 from __future__ import annotations
 
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -164,6 +165,10 @@ class Daemon:
         self._server_thread.start()
         self.watchdog = sdnotify.Watchdog(self.healthy).start()
         n = len(eng.index)
+        # The loaded store is a large, long-lived heap: keep the cyclic GC from rescanning it
+        # (a full collection over 100k memories is a query-latency spike).
+        gc.collect()
+        gc.freeze()
         log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
         sdnotify.ready(f"serving {n} memories")
 
