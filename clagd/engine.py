@@ -100,6 +100,7 @@ class Engine:
         self.rounds_since_session = 0
         self.outside_error = ""
         self._outside_sig: tuple | None = None
+        self._blocked: set[str] = set()  # clusters whose file holds a broken hand edit
         self.session_lock = threading.Lock()
         self.last_session: dict[str, Any] | None = None
         # hooks set by the daemon: thresholds reached -> schedule a session; commits -> push
@@ -283,9 +284,7 @@ class Engine:
 
     def ingest(self, items: list[Item], source: str = "inbox", files: int = 0) -> IngestResult:
         try:
-            res: IngestResult = self.writer.call(
-                ingest_items, items, self._route, source, files, self.known
-            )
+            res: IngestResult = self.writer.call(self._ingest_op, items, source, files)
         except Exception:
             self.counters["ingest_failures"] += 1
             raise
@@ -297,6 +296,14 @@ class Engine:
             if self.new_since_session >= self.config.session.memory_add_threshold:
                 self._threshold("memories")
         return res
+
+    def _ingest_op(
+        self, ctx: WriteContext, items: list[Item], source: str, files: int
+    ) -> IngestResult:
+        # Take in an outside change first (a hand edit, a user's commit): routing a memory
+        # into a cluster rewrites its file, which must not undo an edit not yet noticed.
+        self._outside_op(ctx)
+        return ingest_items(ctx, items, self._route, source, files, self.known, self._blocked)
 
     def _route(self, memories: list[Memory]) -> list[str | None]:
         return self.index.route_many(memories)
@@ -466,6 +473,7 @@ class Engine:
             # back in step with HEAD (e.g. a broken edit was undone): nothing to report
             self._outside_sig = None
             self.outside_error = ""
+            self._blocked = set()
             return None
         sig = (head, tuple(sorted((p, _mtime(self.root / p)) for p in dirty)))
         if sig == self._outside_sig:
@@ -491,12 +499,14 @@ class Engine:
             changes = ctx.reload_paths(sorted(changed), commit=None)
         except StoreError as exc:
             self._outside_sig = sig
+            self._blocked = {Path(p).stem for p in dirty if p.startswith("clusters/")}
             self.outside_error = str(exc)
             self.counters["outside_edit_errors"] += 1
             log.error("outside edit rejected, still serving the last good state: %s", exc)
             return {"ok": False, "error": str(exc)}
         self.outside_error = ""
         self._outside_sig = None
+        self._blocked = set()
         self.known = ctx.state.memory_ids()
         sha = None
         if dirty:
@@ -580,6 +590,12 @@ class Engine:
             from .slm import BackendManager
 
             self.session_runner = engine_session_runner(BackendManager(self.config))
+        self.check_outside()
+        if self.outside_error:
+            # a session rewrites cluster files: not while one of them holds a broken edit
+            raise Conflict(
+                f"no clustering session while a hand edit is broken: {self.outside_error}"
+            )
         with self.session_lock:
             self.new_since_session = 0
             self.rounds_since_session = 0

@@ -48,11 +48,13 @@ def ingest_items(
     source: str,
     files: int = 0,
     known: set[str] | None = None,
+    blocked: set[str] | None = None,
 ) -> IngestResult:
     """Add the items that are new; return what happened. `route` is a batch router: it
     gets every new memory of the batch at once and returns a cluster id (or None: the
     unsorted area) for each, in order. `known` is the set of memory ids and content hashes
-    already stored (kept by the engine so this is not O(store))."""
+    already stored (kept by the engine so this is not O(store)). `blocked` clusters have a
+    broken hand edit on disk: nothing is routed into them (their file is not rewritten)."""
     res = IngestResult(batch=new_batch_id(), files=files)
     keys = known if known is not None else ctx.state.content_keys()
     fresh: list[Memory] = []
@@ -72,7 +74,7 @@ def ingest_items(
     if len(targets) != len(fresh):
         raise ValueError(f"the router gave {len(targets)} answers for {len(fresh)} memories")
     for m, cid in zip(fresh, targets):
-        cluster = ctx.state.clusters.get(cid) if cid else None
+        cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
         if cluster is not None:
             ctx.touch_cluster(cluster.id)
             cluster.memories.append(m)

@@ -38,6 +38,11 @@ def _fill(d: InProcessDaemon) -> None:
             )
 
 
+def data_texts(data: dict) -> list[str]:
+    """Near-copies of a cluster's memories: what routing would send into that cluster."""
+    return [m["content"] + " (again)" for m in data["memories"]]
+
+
 def _tree(root: Path) -> dict[str, list[str]]:
     """Which memory ids each store file holds, read from the working tree."""
     out = {}
@@ -165,11 +170,21 @@ def test_hand_edits_while_running(daemon: InProcessDaemon) -> None:
         assert any(x["name"] == "Renamed by hand" for x in c.clusters()["clusters"])
         assert c.query("lighthouse keeper").memories[0].content.startswith("An edited memory")
         # a broken edit: reported, and the last good state keeps serving
+        from clagd.model import Memory
+
+        would = daemon.engine.index.route_many([Memory.new(t) for t in data_texts(data)])
+        assert cid in would  # without the broken edit, these would be routed into its file
         path.write_text("id: [broken\n")
         wait_for(lambda: c.status()["outside_edit_error"], what="broken edit reported")
         assert c.query("lighthouse keeper").memories[0].content.startswith("An edited memory")
         added = c.add("Ingest still works during a broken edit")
         assert added["added"] == 1
+        # a memory that would be routed into the broken cluster goes to unsorted instead
+        routed = c.add_many([{"content": t} for t in data_texts(data)])
+        assert routed["routed"] == 0
+        with pytest.raises(ClientError) as exc:
+            c.recluster()
+        assert exc.value.code == "conflict"
         assert "id: [broken" in path.read_text()  # the user's file is never overwritten
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         wait_for(lambda: not c.status()["outside_edit_error"], what="recovery")
