@@ -56,8 +56,10 @@ def pct(samples: list[float], p: float) -> float:
 
 
 def build_store(root: Path, texts: list[str]) -> Path:
+    # the shipped inbox timing (store_template/clagd.yaml), not the tests' faster polling:
+    # the debounce is what turns a burst of files into a few large commits
     store = make_store(
-        root, {"inbox": {"settle_seconds": 0.2, "rescan_seconds": 0.5, "debounce_seconds": 0.05}}
+        root, {"inbox": {"settle_seconds": 1.0, "rescan_seconds": 2.0, "debounce_seconds": 0.3}}
     )
     paths = Paths(store)
     for c in range(0, len(texts), PER_CLUSTER):
