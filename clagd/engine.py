@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, load_config
-from .errors import BadRequest, ClagdError, Conflict, NotFound, StoreError
+from .errors import BadRequest, Conflict, StoreError
 from .gitstore import GitStore
 from .inbox import Item, validate_item
 from .index import Index
 from .ingest import IngestResult, ingest_items
-from .model import Memory
+from .model import Memory, parse_time
 from .stats import AccessStats
-from .store import Paths, StoreState, is_store, load_state
+from .store import Paths, StoreState, data_files, is_store, load_state
 from .writer import DATA_DIRS, Changes, WriteContext, Writer, read_changes
 
 log = logging.getLogger("clagd")
@@ -168,10 +168,7 @@ class Engine:
             snap_head, state, index = data["head"], data["state"], data["index"]
             changed = set(self.git.dirty_paths(DATA_DIRS))
             if snap_head != self.head:
-                out = self.git.run(
-                    "diff", "--name-only", "--no-renames", snap_head, self.head, "--", *DATA_DIRS
-                )
-                changed.update(p for p in out.splitlines() if p.strip())
+                changed.update(self.git.changed_between(snap_head, self.head, DATA_DIRS))
             if changed:
                 state, changes = read_changes(self.root, state, sorted(changed))
                 index = index.apply(
@@ -481,22 +478,11 @@ class Engine:
         changed = set(dirty)
         if moved and self.head:
             try:
-                out = ctx.git.run(
-                    "diff",
-                    "--name-only",
-                    "--no-renames",
-                    f"{self.head}",
-                    f"{head}",
-                    "--",
-                    *DATA_DIRS,
-                )
-                changed.update(p for p in out.splitlines() if p.strip())
-            except ClagdError:
-                raise
+                changed.update(ctx.git.changed_between(self.head, head or "HEAD", DATA_DIRS))
             except Exception:  # noqa: BLE001 - unrelated history: reload everything
-                changed.update(_all_data_files(self.root))
+                changed.update(data_files(self.root))
         try:
-            changes = ctx.reload_paths(sorted(changed), commit=None)
+            ctx.reload_paths(sorted(changed), commit=None)
         except StoreError as exc:
             self._outside_sig = sig
             self._blocked = {Path(p).stem for p in dirty if p.startswith("clusters/")}
@@ -523,7 +509,6 @@ class Engine:
             len(changed),
             f", committed {sha[:10]}" if sha else "",
         )
-        del changes
         return {"ok": True, "files": sorted(changed), "commit": sha}
 
     # -- archive ----------------------------------------------------------------------
@@ -620,8 +605,6 @@ def _iso(ts: float | None) -> str | None:
 
 
 def _epoch(s: str) -> float:
-    from .model import parse_time
-
     dt = parse_time(s)
     return dt.timestamp() if dt else 0.0
 
@@ -635,10 +618,3 @@ def _mtime(p: Path) -> float:
 
 def _looks_like_sha(ref: str) -> bool:
     return 4 <= len(ref) <= 40 and all(c in "0123456789abcdef" for c in ref.lower())
-
-
-def _all_data_files(root: Path) -> list[str]:
-    return [str(p.relative_to(root)) for d in DATA_DIRS for p in (root / d).glob("*.yaml")]
-
-
-__all__ = ["Engine", "NotFound"]

@@ -7,7 +7,6 @@ kind of change it was; `log()` reads them back for `clagd log`.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -258,6 +257,12 @@ class GitStore:
             )
         return entries
 
+    def changed_between(self, old: str, new: str, dirs: Iterable[str]) -> list[str]:
+        """Files under `dirs` that differ between two commits (renames as delete + add, so a
+        moved memory's old file is listed too)."""
+        out = self.run("diff", "--name-only", "--no-renames", old, new, "--", *dirs)
+        return [p for p in out.splitlines() if p.strip()]
+
     def changed_files(self, sha: str) -> list[str]:
         out = self.run("show", "--name-only", "--no-renames", "--format=", sha)
         return [line for line in out.splitlines() if line.strip()]
@@ -311,4 +316,4 @@ def ensure_repo(root: Path) -> GitStore:
     return g
 
 
-__all__ = ["GitStore", "ensure_repo", "format_message", "os"]
+__all__ = ["GitStore", "ensure_repo", "format_message"]
