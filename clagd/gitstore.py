@@ -270,12 +270,6 @@ class GitStore:
     def fsck(self) -> str:
         return self.run("fsck", "--no-progress", "--full", with_extended_output=False)
 
-    def file_at(self, rev: str, path: str) -> str | None:
-        try:
-            return self.run("show", f"{rev}:{path}", strip_newline_in_stdout=False)
-        except GitCommandError:
-            return None
-
     def push(self, remote: str, branch: str) -> None:
         self.run("push", "-q", remote, f"HEAD:refs/heads/{branch}")
 

@@ -74,11 +74,6 @@ def tokenize(text: str, stem: bool = True, stopwords: bool = True) -> list[str]:
     return out
 
 
-def tokenize_many(texts: list[str], stem: bool = True, stopwords: bool = True) -> list[list[str]]:
-    """`tokenize` of each text (the batch form the index build uses)."""
-    return [tokenize(t, stem, stopwords) for t in texts]
-
-
 def stem(word: str) -> str:
     """The stem `tokenize` would give one lowercase word (for mapping stems back to words)."""
     return _stem(word.lower())

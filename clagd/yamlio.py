@@ -23,14 +23,6 @@ class YamlError(ValueError):
     """The text is not YAML clagd accepts (syntax error, or an alias)."""
 
 
-class _NoAliasLoader(_Loader):  # type: ignore[misc,valid-type]
-    pass
-
-
-def _refuse_alias(*_args: Any) -> Any:
-    raise YamlError("YAML aliases/anchors are not accepted")
-
-
 def _check_no_alias(text: str) -> None:
     # The C loader resolves aliases internally; refuse them by scanning events first,
     # which is cheap and protects against "billion laughs" expansion.
@@ -132,7 +124,3 @@ def atomic_write_text(path: Path, text: str, sync_dir: bool = True, fsync: bool 
         raise
     if sync_dir:
         fsync_dir(path.parent)
-
-
-def atomic_write_yaml(path: Path, data: Any, sync_dir: bool = True, fsync: bool = True) -> None:
-    atomic_write_text(path, dumps(data), sync_dir=sync_dir, fsync=fsync)
