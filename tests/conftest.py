@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_ollama import FakeOllama
 from helpers import DaemonProcess, InProcessDaemon, make_store
 
 
@@ -49,3 +50,10 @@ def daemon_proc(store: Path, short_tmp: Path) -> Iterator[DaemonProcess]:
     yield p
     if p.proc is not None and p.proc.poll() is None:
         p.kill()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOllama]:
+    """A loopback server speaking Ollama's API, answering from `fake.script`."""
+    with FakeOllama() as srv:
+        yield srv

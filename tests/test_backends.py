@@ -4,7 +4,6 @@ llama.cpp worker process (crash and hang injected without a model)."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import pytest
 from fake_ollama import FakeOllama, assigned_twice, delay, http_error, invalid_json
@@ -22,12 +21,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 MSGS = [{"role": "user", "content": "Is it?"}]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOllama]:
-    with FakeOllama() as srv:
-        yield srv
 
 
 def _backend(srv: FakeOllama, **kw: object) -> OllamaBackend:

@@ -39,12 +39,6 @@ TEXTS = [
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOllama]:
-    with FakeOllama() as srv:
-        yield srv
-
-
-@pytest.fixture
 def slm_daemon(tmp_path: Path, short_tmp: Path, fake: FakeOllama) -> Iterator[InProcessDaemon]:
     root = make_store(
         tmp_path / "m",

@@ -57,12 +57,6 @@ def _ingests_and_serves(d: InProcessDaemon, tag: str) -> None:
 # -- SLM faults ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOllama]:
-    with FakeOllama() as srv:
-        yield srv
-
-
 def _slm_daemon(tmp_path: Path, short_tmp: Path, host: str, timeout: float = 1.0):
     store = make_store(
         tmp_path / "memory",

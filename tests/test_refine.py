@@ -4,7 +4,6 @@ fake Ollama server: a good pick, a timeout, garbage, a dead server; all fall bac
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from fake_ollama import FakeOllama, delay, invalid_json
@@ -39,12 +38,6 @@ def _index(cfg: RetrievalConfig) -> Index:
 CFG = RetrievalConfig(
     top_clusters=2, slm_refine=True, slm_refine_candidates=6, slm_refine_timeout=1.0
 )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOllama]:
-    with FakeOllama() as srv:
-        yield srv
 
 
 def _refiner(srv: FakeOllama, **kw: object) -> Refiner:

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,12 +80,6 @@ def test_shard_and_memory_ids_from_disk_are_checked(tmp_path: Path) -> None:
     )
     with pytest.raises(StoreError, match="invalid memory id"):
         load_state(store)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOllama]:
-    with FakeOllama() as srv:
-        yield srv
 
 
 def test_slm_plan_cannot_name_paths(sandbox: Path, short_tmp: Path, fake: FakeOllama) -> None:

@@ -42,12 +42,6 @@ TEXTS = [
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOllama]:
-    with FakeOllama() as srv:
-        yield srv
-
-
-@pytest.fixture
 def eng(store: Path, fake: FakeOllama) -> Iterator[Engine]:
     e = Engine(store)
     e.config.backend.kind = "ollama"
