@@ -7,6 +7,8 @@ writer finish and commit, remove the socket, release the lock, exit 0.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import fcntl
 import gc
 import logging
@@ -30,6 +32,18 @@ from .store import Paths, init_store
 from .watcher import InboxWatcher
 
 log = logging.getLogger("clagd")
+
+
+def release_free_memory() -> bool:
+    """Give the heap left free by loading the store back to the system (glibc's
+    malloc_trim): parsing and indexing 100k memories leaves ~200 MB of freed but mapped
+    memory that would otherwise stay in the daemon's RSS for good. False where there is no
+    glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 class StoreLock:
@@ -169,6 +183,7 @@ class Daemon:
         # (a full collection over 100k memories is a query-latency spike).
         gc.collect()
         gc.freeze()
+        release_free_memory()
         log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
         sdnotify.ready(f"serving {n} memories")
 

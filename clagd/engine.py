@@ -25,9 +25,10 @@ from .gitstore import GitStore
 from .inbox import Item, validate_item
 from .index import Index
 from .ingest import IngestResult, ingest_items
+from .loader import load_store
 from .model import Memory, parse_time
 from .stats import AccessStats
-from .store import Paths, StoreState, data_files, is_store, load_state
+from .store import Paths, StoreState, data_files, is_store
 from .writer import DATA_DIRS, Changes, WriteContext, Writer, read_changes
 
 log = logging.getLogger("clagd")
@@ -64,14 +65,24 @@ class Engine:
         self.head = self.git.head()
         self._snapshot_head: str | None = None
         self._snapshot_at = time.monotonic()
-        loaded = self._load_snapshot()
-        if loaded is not None:
-            state, self.index = loaded
+        self.load_processes = 1
+        snap = self._load_snapshot()
+        if snap is not None:
+            state, self.index = snap
             self.load_source = "snapshot"
         else:
-            state = load_state(self.root)
-            self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
+            r = self.config.retrieval
+            loaded = load_store(self.root, stem=r.stemmer, stopwords=r.stopwords)
+            state = loaded.state
+            self.index = Index.build(
+                state.clusters,
+                state.unsorted_memories(),
+                self.config,
+                terms=loaded.terms,
+                vocab=loaded.vocab,
+            )
             self.load_source = "files"
+            self.load_processes = loaded.workers
         self._archive_index: Index | None = None
         self._archived = dict(state.archived)
         self.load_seconds = time.monotonic() - t0
@@ -111,7 +122,8 @@ class Engine:
         self.status_hooks: dict[str, Callable[[], Any]] = {}
         self.refiner: Any = None  # refine.Refiner when retrieval.slm_refine is on
         log.info(
-            "store %s: %d memories in %d clusters, %d unsorted, %d archived clusters (%.2fs from %s)",
+            "store %s: %d memories in %d clusters, %d unsorted, %d archived clusters "
+            "(%.2fs from %s, %d process%s)",
             self.root,
             len(self.index),
             self.index.n_clusters,
@@ -119,6 +131,8 @@ class Engine:
             len(state.archived),
             self.load_seconds,
             self.load_source,
+            self.load_processes,
+            "" if self.load_processes == 1 else "es",
         )
         if start:
             self.start()
@@ -389,6 +403,7 @@ class Engine:
             "uptime_seconds": round(time.time() - self.started_at, 1),
             "load_seconds": round(self.load_seconds, 3),
             "load_source": self.load_source,
+            "load_processes": self.load_processes,
             "counts": counts,
             "counters": dict(self.counters),
             "writer": {

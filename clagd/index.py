@@ -415,9 +415,28 @@ class Index:
         unsorted: Iterable[Memory],
         cfg: Any = None,
         ingest: IngestConfig | None = None,
+        terms: Mapping[str, np.ndarray] | None = None,
+        vocab: dict[str, int] | None = None,
     ) -> Index:
+        """An index of these clusters and unsorted memories. `terms` (memory id -> term ids
+        in `vocab`, in text order) are the memories already tokenized, with this index's
+        tokenizer settings (the start-up loader does that in parallel processes)."""
         values = clusters.values() if isinstance(clusters, Mapping) else clusters
-        return cls(cfg, ingest).apply(upsert_clusters=values, add_unsorted=unsorted)
+        ix = cls(cfg, ingest)
+        if terms is None or vocab is None:
+            return ix.apply(upsert_clusters=values, add_unsorted=unsorted)
+        ix._vocab = vocab
+
+        def terms_of(m: Memory) -> tuple[np.ndarray, np.ndarray | None]:
+            got = terms.get(m.id)
+            if got is None:
+                got = np.asarray(
+                    [vocab.setdefault(t, len(vocab)) for t in ix._tokens(m.content)],
+                    dtype=np.int32,
+                )
+            return got, None
+
+        return ix._apply(values, (), unsorted, (), terms_of)
 
     def __len__(self) -> int:
         return self._n_alive
@@ -457,8 +476,10 @@ class Index:
         remove_clusters: Iterable[str],
         add_unsorted: Iterable[Memory],
         remove_unsorted: Iterable[str],
-        terms_of: Callable[[Memory], tuple[np.ndarray, np.ndarray]] | None = None,
+        terms_of: Callable[[Memory], tuple[np.ndarray, np.ndarray | None]] | None = None,
     ) -> Index:
+        """`terms_of` gives a memory's term ids and their counts (None: each id counts once)
+        instead of tokenizing its text."""
         upsert: dict[str, Cluster] = {c.id: c for c in upsert_clusters}
         removed = [cid for cid in remove_clusters if cid not in upsert]
         add_u = list(add_unsorted)
@@ -525,7 +546,7 @@ class Index:
 
         vocab = self._vocab
         all_tids: list[int] = []
-        doc_terms: list[tuple[np.ndarray, np.ndarray]] = []
+        doc_terms: list[tuple[np.ndarray, np.ndarray | None]] = []
         tokens = self._tokens
         placed: set[str] = set()
 
@@ -553,7 +574,7 @@ class Index:
             else:
                 tid, tf = terms_of(m)
                 doc_terms.append((tid, tf))
-                new_len.append(float(tf.sum()))
+                new_len.append(float(len(tid) if tf is None else tf.sum()))
             changes[m.id] = slot
             n_alive += 1
             total_len += new_len[-1]
@@ -617,7 +638,16 @@ class Index:
             else:
                 doc = np.repeat(np.arange(k), [len(t) for t, _ in doc_terms])
                 tid = np.concatenate([t for t, _ in doc_terms] or [_EMPTY_I])
-                w = np.concatenate([f for _, f in doc_terms] or [_EMPTY_F]).astype(np.float64)
+                if all(f is None for _, f in doc_terms):
+                    w = np.ones(len(tid), dtype=np.float64)
+                else:
+                    w = np.concatenate(
+                        [
+                            np.ones(len(t), dtype=np.float32) if f is None else f
+                            for t, f in doc_terms
+                        ]
+                        or [_EMPTY_F]
+                    ).astype(np.float64)
             seg = _make_segment(base, k, doc, tid, w, n_terms)
         new._segs = _with_segment(self._segs, seg, new._alive, n_terms)
         new._slot_of = old_map.updated(changes)

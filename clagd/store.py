@@ -240,8 +240,15 @@ def read_files(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[Stor
     removal); `base` itself is not modified. Raises StoreError naming every problem: broken
     files, bad ids, a memory in two places. So a broken hand edit is reported whole, and
     nothing half-read is ever served."""
-    paths = Paths(Path(root))
     errors: list[str] = []
+    upd = parse_files(root, rel_paths, errors)
+    return apply_update(base, upd, errors), upd
+
+
+def parse_files(root: Path, rel_paths: list[str], errors: list[str]) -> FileUpdate:
+    """Parse each given store file on its own (no check across files); problems are added
+    to `errors`. Paths that are not store data files are skipped."""
+    paths = Paths(Path(root))
     upd = FileUpdate()
     for rel in rel_paths:
         p = Path(rel)
@@ -260,6 +267,13 @@ def read_files(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[Stor
         else:
             target = upd.clusters if p.parts[0] == CLUSTERS else upd.archive
             target[p.stem] = _load_cluster(full, errors) if full.exists() else None
+    return upd
+
+
+def apply_update(base: StoreState, upd: FileUpdate, errors: list[str]) -> StoreState:
+    """`base` with the parsed files in place, checked as a whole (ids, a memory in two
+    places, a cluster both hot and archived); raises StoreError naming every problem found
+    here or already in `errors`."""
     state = StoreState(dict(base.clusters), dict(base.archived), dict(base.unsorted))
     for area, repl in ((state.clusters, upd.clusters), (state.archived, upd.archive)):
         for k, v in repl.items():
@@ -279,7 +293,7 @@ def read_files(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[Stor
         errors.append(f"cluster {cid} is both hot and archived")
     if errors:
         raise StoreError("invalid store: " + "; ".join(errors[:20]))
-    return state, upd
+    return state
 
 
 def load_state(root: Path) -> StoreState:

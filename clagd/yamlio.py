@@ -23,6 +23,76 @@ class YamlError(ValueError):
     """The text is not YAML clagd accepts (syntax error, or an alias)."""
 
 
+_STR = "tag:yaml.org,2002:str"
+_MAP = "tag:yaml.org,2002:map"
+_SEQ = "tag:yaml.org,2002:seq"
+_MERGE = "tag:yaml.org,2002:merge"
+_Scalar, _Mapping, _Sequence = yaml.ScalarNode, yaml.MappingNode, yaml.SequenceNode
+
+
+class _FastLoader(_Loader):  # type: ignore[misc, valid-type]
+    """The safe loader, with plain strings, mappings and lists built by one tight recursive
+    function instead of PyYAML's generic constructor (generators, per-node bookkeeping),
+    which was most of the time of loading a large store. Every other node — numbers, bools,
+    null, timestamps, merge keys, explicit tags — goes through SafeConstructor unchanged, so
+    the result is the same. Only for alias-free documents (`loads` refuses aliases first):
+    a node shared through an alias would be built twice here."""
+
+    _tag_cache: dict[str, str] = {}
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        # the implicit tag of a plain scalar depends only on its text: cache the short ones
+        # (keys and small values repeat in every memory); quoted scalars are always strings
+        if kind is _Scalar:
+            if not implicit[0]:
+                return _STR
+            if len(value) <= 32:
+                cache = self._tag_cache
+                tag = cache.get(value)
+                if tag is None:
+                    if len(cache) > 4096:
+                        cache.clear()
+                    tag = cache[value] = super().resolve(kind, value, implicit)
+                return tag
+        return super().resolve(kind, value, implicit)
+
+    def construct_document(self, node: Any) -> Any:
+        try:
+            return self._build(node)
+        finally:
+            self.constructed_objects = {}
+            self.recursive_objects = {}
+            self.state_generators = []
+            self.deep_construct = False
+
+    def _build(self, node: Any) -> Any:
+        cls, tag = type(node), node.tag
+        if cls is _Scalar and tag == _STR:
+            return node.value
+        if cls is _Sequence and tag == _SEQ:
+            build = self._build
+            return [build(child) for child in node.value]
+        if cls is _Mapping and tag == _MAP:
+            out: dict[Any, Any] = {}
+            build = self._build
+            for key_node, value_node in node.value:
+                if key_node.tag == _MERGE:
+                    return self.construct_object(node, deep=True)
+                key = build(key_node)
+                try:
+                    hash(key)
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        "found unhashable key",
+                        key_node.start_mark,
+                    ) from None
+                out[key] = build(value_node)
+            return out
+        return self.construct_object(node, deep=True)
+
+
 def _check_no_alias(text: str) -> None:
     # The C loader resolves aliases internally; refuse them by scanning events first,
     # which is cheap and protects against "billion laughs" expansion.
@@ -34,9 +104,11 @@ def _check_no_alias(text: str) -> None:
 
 def loads(text: str, allow_aliases: bool = False) -> Any:
     try:
-        if not allow_aliases and "*" in text:
+        if allow_aliases:
+            return yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
+        if "*" in text:
             _check_no_alias(text)
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
+        return yaml.load(text, Loader=_FastLoader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise YamlError(" ".join(str(exc).split())) from None
 

@@ -167,3 +167,47 @@ def test_cached_memory_fragments_write_exactly_what_a_full_dump_writes() -> None
     assert after != before and after == dumps(
         Cluster("c-0123456789ab", "N a", memories=[m]).to_dict()
     )
+
+
+# every kind of node the fast construction path builds itself or hands back to PyYAML
+_YAML_DOCS = [
+    "a: 1\nb: 2.5\nc: true\nd: null\ne: 2024-01-01\nf: 2024-01-01T00:00:00Z\ng: '1'\n",
+    "h: [1, x, {y: z}, [], {}]\ni: ''\nj: ~\nk: .inf\nl: 0x1F\nm: yes\nn: '012'\n",
+    "<<: {a: 1, b: 0}\nb: 2\n",
+    "base:\n  x: 1\nmerged:\n  <<: {x: 2}\n  y: [a, {<<: {q: 1}, r: 2}]\n",
+    "!!set {a, b}\n",
+    "- !!binary aGVsbG8=\n- !!str 12\n- !!int '7'\n- !!float '1'\n- ! 12\n",
+    "x: !!omap [a: 1, b: 2]\ny: !!pairs [a: 1, a: 2]\n",
+    "a: b\na: c\n",
+    "1: one\n2.5: two\nnull: three\ntrue: four\n",
+    "content: |\n  two\n  lines\nfolded: >\n  one\n  line\n",
+    "",
+    "- plain text with: colons and # not a comment\n- 'it''s'\n- \"tab\\tescape\"\n",
+]
+
+
+@pytest.mark.parametrize("doc", _YAML_DOCS)
+def test_fast_loader_builds_what_the_safe_loader_builds(doc: str) -> None:
+    expected = yaml.load(doc, Loader=yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
+    assert loads(doc) == expected
+    assert type(loads(doc)) is type(expected)
+
+
+def test_fast_loader_refuses_unhashable_keys_and_matches_a_dumped_cluster() -> None:
+    with pytest.raises(YamlError, match="unhashable key"):
+        loads("? [1, 2]\n: x\n")
+    c = Cluster(
+        "c-00000001",
+        "Trip planning",
+        "plans: dates, 'quotes' and 2024-05-01",
+        ["travel", "123", "true"],
+        memories=[
+            Memory.new(
+                "Flight on 2024-05-01 at 10:00", metadata={"importance": 0.9, "n": [1, None]}
+            ),
+            Memory.new("yes", metadata={"when": "2024-01-01T00:00:00Z"}),
+        ],
+    )
+    text = dumps(c.to_dict())
+    assert loads(text) == yaml.safe_load(text)
+    assert Cluster.from_dict(loads(text)) == c
