@@ -110,6 +110,8 @@ class InboxConfig:
 class IngestConfig:
     route_min_score: float = 6.0
     route_margin: float = 1.5
+    route_inline_max: int = 50
+    route_delay_seconds: float = 2.0
 
 
 @dataclass

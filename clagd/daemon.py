@@ -216,6 +216,10 @@ class Daemon:
         if eng is None:
             return
         eng.check_outside()
+        try:
+            eng.maybe_route()
+        except Exception as exc:  # noqa: BLE001 - logged; the memories stay unsorted meanwhile
+            log.warning("route pass failed: %s", exc)
         eng.stats.save()
         eng.maybe_snapshot()
         sdnotify.status(

@@ -24,7 +24,7 @@ from .errors import BadRequest, Conflict, StoreError
 from .gitstore import GitStore
 from .inbox import Item, validate_item
 from .index import Index
-from .ingest import IngestResult, ingest_items
+from .ingest import IngestResult, ingest_items, route_shards
 from .loader import load_store
 from .model import Memory, parse_time
 from .stats import AccessStats
@@ -32,6 +32,10 @@ from .store import Paths, StoreState, data_files, is_store
 from .writer import DATA_DIRS, Changes, WriteContext, Writer, read_changes
 
 log = logging.getLogger("clagd")
+
+# a route pass waits for the inbox to be quiet, but not longer than this after the first
+# deferred batch (a steady stream of files still gets its memories into their clusters)
+ROUTE_MAX_WAIT = 30.0
 SNAPSHOT_FORMAT = 1
 
 
@@ -106,7 +110,14 @@ class Engine:
             "reverts": 0,
             "outside_edits": 0,
             "outside_edit_errors": 0,
+            "routed": 0,
+            "route_passes": 0,
+            "route_failures": 0,
         }
+        # unsorted shards of large batches, waiting for a route pass (name -> when added)
+        self._route_pending: dict[str, float] = {}
+        self._route_lock = threading.Lock()
+        self._last_ingest = 0.0
         self.new_since_session = 0
         self.rounds_since_session = 0
         self.outside_error = ""
@@ -143,6 +154,10 @@ class Engine:
 
     def close(self) -> None:
         if self.writer.alive():
+            try:
+                self.maybe_route(force=True)
+            except Exception as exc:  # noqa: BLE001 - the memories stay unsorted, not lost
+                log.warning("route pass at shutdown failed: %s", exc)
             try:
                 self.writer.call(self._save_snapshot_op)
             except Exception as exc:  # noqa: BLE001 - only a start-up speed-up is lost
@@ -302,6 +317,7 @@ class Engine:
         self.counters["ingest_batches"] += 1
         self.counters["added"] += len(res.added)
         self.counters["duplicates"] += len(res.duplicates)
+        self.counters["routed"] += sum(res.routed.values())
         if res.added:
             self.new_since_session += len(res.added)
             if self.new_since_session >= self.config.session.memory_add_threshold:
@@ -314,7 +330,69 @@ class Engine:
         # Take in an outside change first (a hand edit, a user's commit): routing a memory
         # into a cluster rewrites its file, which must not undo an edit not yet noticed.
         self._outside_op(ctx)
-        return ingest_items(ctx, items, self._route, source, files, self.known, self._blocked)
+        res = ingest_items(
+            ctx,
+            items,
+            self._route,
+            source,
+            files,
+            self.known,
+            self._blocked,
+            route_limit=self.config.ingest.route_inline_max,
+        )
+        now = time.monotonic()
+        self._last_ingest = now
+        if res.deferred and res.shard:
+            with self._route_lock:
+                self._route_pending[res.shard] = now
+        return res
+
+    # -- the route pass: large batches' memories into their clusters ----------------------
+    def route_due(self, now: float | None = None) -> bool:
+        """A route pass is waiting and the inbox has been quiet for `route_delay_seconds`
+        (or the first waiting batch is ROUTE_MAX_WAIT old)."""
+        with self._route_lock:
+            if not self._route_pending:
+                return False
+            oldest = min(self._route_pending.values())
+        now = time.monotonic() if now is None else now
+        quiet = now - self._last_ingest >= self.config.ingest.route_delay_seconds
+        return quiet or now - oldest >= ROUTE_MAX_WAIT
+
+    def maybe_route(self, force: bool = False) -> dict[str, Any] | None:
+        """Run the route pass when it is due (or waiting at all, with `force`)."""
+        if not (self.route_due() or (force and self._route_pending)):
+            return None
+        try:
+            res: dict[str, Any] = self.writer.call(self._route_op)
+        except Exception:
+            self.counters["route_failures"] += 1
+            raise
+        return res
+
+    def _route_op(self, ctx: WriteContext) -> dict[str, Any]:
+        # as for ingest: take in a hand edit first, routing rewrites cluster files
+        self._outside_op(ctx)
+        with self._route_lock:
+            taken = dict(self._route_pending)
+            self._route_pending.clear()
+        try:
+            res = route_shards(ctx, list(taken), self._route, self._blocked)
+        except BaseException:
+            with self._route_lock:  # nothing was committed: the next pass tries again
+                for name, at in taken.items():
+                    self._route_pending.setdefault(name, at)
+            raise
+        self.counters["route_passes"] += 1
+        self.counters["routed"] += res.routed
+        if res.commit:
+            log.info(
+                "route pass: %d memories into %d clusters (%s)",
+                res.routed,
+                res.clusters,
+                res.commit[:10],
+            )
+        return res.to_dict()
 
     def _route(self, memories: list[Memory]) -> list[str | None]:
         return self.index.route_many(memories)
@@ -404,6 +482,7 @@ class Engine:
             "load_seconds": round(self.load_seconds, 3),
             "load_source": self.load_source,
             "load_processes": self.load_processes,
+            "route_pending": len(self._route_pending),
             "counts": counts,
             "counters": dict(self.counters),
             "writer": {

@@ -22,6 +22,8 @@ class IngestResult:
     unsorted: int = 0
     commit: str | None = None
     files: int = 0
+    shard: str | None = None  # the unsorted shard this batch created, if any
+    deferred: bool = False  # too large to route in its own commit: routed by a route pass
 
     def to_dict(self) -> dict:
         return {
@@ -34,6 +36,7 @@ class IngestResult:
             "unsorted": self.unsorted,
             "commit": self.commit,
             "files": self.files,
+            "route_deferred": self.deferred,
         }
 
 
@@ -49,12 +52,17 @@ def ingest_items(
     files: int = 0,
     known: set[str] | None = None,
     blocked: set[str] | None = None,
+    route_limit: int | None = None,
 ) -> IngestResult:
     """Add the items that are new; return what happened. `route` is a batch router: it
     gets every new memory of the batch at once and returns a cluster id (or None: the
     unsorted area) for each, in order. `known` is the set of memory ids and content hashes
     already stored (kept by the engine so this is not O(store)). `blocked` clusters have a
-    broken hand edit on disk: nothing is routed into them (their file is not rewritten)."""
+    broken hand edit on disk: nothing is routed into them (their file is not rewritten).
+
+    A batch of more than `route_limit` new memories is not routed here: it is committed as
+    one unsorted shard (one file, whatever the batch size), and `route_shards` moves its
+    memories into their clusters later, in one commit for many batches."""
     res = IngestResult(batch=new_batch_id(), files=files)
     keys = known if known is not None else ctx.state.content_keys()
     fresh: list[Memory] = []
@@ -69,19 +77,20 @@ def ingest_items(
         fresh.append(Memory(mid, it.content, it.created_at or stamp, dict(it.metadata)))
     if not fresh:
         return res
-    shard: list[Memory] = []
-    targets = route(fresh)
-    if len(targets) != len(fresh):
-        raise ValueError(f"the router gave {len(targets)} answers for {len(fresh)} memories")
-    for m, cid in zip(fresh, targets):
-        cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
-        if cluster is not None:
-            ctx.touch_cluster(cluster.id)
-            cluster.memories.append(m)
-            cluster.updated_at = stamp
-            res.routed[cluster.id] = res.routed.get(cluster.id, 0) + 1
-        else:
-            shard.append(m)
+    res.deferred = route_limit is not None and len(fresh) > route_limit
+    if res.deferred:
+        shard = fresh
+    else:
+        shard = []
+        for m, cid in zip(fresh, _targets(route, fresh)):
+            cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
+            if cluster is not None:
+                ctx.touch_cluster(cluster.id)
+                cluster.memories.append(m)
+                cluster.updated_at = stamp
+                res.routed[cluster.id] = res.routed.get(cluster.id, 0) + 1
+            else:
+                shard.append(m)
     if shard:
         name = new_shard_name()
         while name in ctx.state.unsorted:
@@ -89,6 +98,7 @@ def ingest_items(
         ctx.touch_shard(name)
         ctx.state.unsorted[name] = shard
         res.unsorted = len(shard)
+        res.shard = name
     res.added = [m.id for m in fresh]
     body_lines = [f"- {m.id}: {m.content[:72]}" for m in fresh[:20]]
     if len(fresh) > 20:
@@ -104,8 +114,80 @@ def ingest_items(
             "duplicates": len(res.duplicates),
             "routed": sum(res.routed.values()),
             "unsorted": res.unsorted,
+            **({"route": "deferred"} if res.deferred else {}),
         },
     )
     if keys is known:
         keys.update(res.added)
+    return res
+
+
+def _targets(
+    route: Callable[[list[Memory]], Sequence[str | None]], mems: list[Memory]
+) -> Sequence[str | None]:
+    targets = route(mems)
+    if len(targets) != len(mems):
+        raise ValueError(f"the router gave {len(targets)} answers for {len(mems)} memories")
+    return targets
+
+
+@dataclass
+class RouteResult:
+    routed: int = 0
+    clusters: int = 0
+    shards: int = 0
+    commit: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "routed": self.routed,
+            "clusters": self.clusters,
+            "shards": self.shards,
+            "commit": self.commit,
+        }
+
+
+def route_shards(
+    ctx: WriteContext,
+    shards: list[str],
+    route: Callable[[list[Memory]], Sequence[str | None]],
+    blocked: set[str] | None = None,
+) -> RouteResult:
+    """The route pass: every memory still in these unsorted shards that has a strong match
+    goes into that cluster; the rest stays where it is. One commit (kind `route`) for all."""
+    res = RouteResult()
+    names = [n for n in dict.fromkeys(shards) if ctx.state.unsorted.get(n)]
+    mems = [m for n in names for m in ctx.state.unsorted[n]]
+    if not mems:
+        return res
+    stamp = now_iso()
+    moved: set[str] = set()
+    per_cluster: dict[str, int] = {}
+    for m, cid in zip(mems, _targets(route, mems)):
+        cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
+        if cluster is None:
+            continue
+        ctx.touch_cluster(cluster.id)
+        cluster.memories.append(m)
+        cluster.updated_at = stamp
+        moved.add(m.id)
+        per_cluster[cluster.id] = per_cluster.get(cluster.id, 0) + 1
+    if not moved:
+        return res
+    for n in names:
+        if any(m.id in moved for m in ctx.state.unsorted[n]):
+            ctx.touch_shard(n)
+            ctx.state.unsorted[n] = [m for m in ctx.state.unsorted[n] if m.id not in moved]
+            res.shards += 1
+    res.routed, res.clusters = len(moved), len(per_cluster)
+    top = sorted(per_cluster.items(), key=lambda kv: -kv[1])[:20]
+    body = [f"- {cid} ({ctx.state.clusters[cid].name}): +{n}" for cid, n in top]
+    if len(per_cluster) > 20:
+        body.append(f"- ... and {len(per_cluster) - 20} more clusters")
+    res.commit = ctx.commit(
+        f"route: {res.routed} memor{'y' if res.routed == 1 else 'ies'} into "
+        f"{res.clusters} cluster{'' if res.clusters == 1 else 's'}",
+        "\n".join(body),
+        {"kind": "route", "routed": res.routed, "clusters": res.clusters, "shards": res.shards},
+    )
     return res

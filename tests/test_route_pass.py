@@ -1,0 +1,153 @@
+"""Large batches are committed as one unsorted file, and a route pass moves their memories
+with a strong match into clusters afterwards, in one commit for many batches. Small batches
+are routed in their own commit, as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import InProcessDaemon, git, make_store, wait_for
+
+from clagd import writer
+from clagd.engine import Engine
+from clagd.inbox import Item
+from clagd.model import Cluster, Memory
+from clagd.store import Paths, load_state, write_cluster
+
+SAILING = [f"sailing the boat out of the harbour in a strong wind, trip {i}" for i in range(20)]
+NEW_SAILING = [
+    "the boat left the harbour, sailing against the wind",
+    "wind and sailing: the harbour master checked the boat",
+    "sailing lesson: trim the boat for the harbour wind",
+    "harbour wind too strong for sailing the small boat",
+]
+OTHER = ["quarterly tax forms are due in april", "the cat refuses her new food"]
+
+
+def _store(tmp_path: Path, **ingest: object) -> Path:
+    root = make_store(tmp_path / "m", {"ingest": ingest})
+    mems = [Memory.new(t, f"2024-01-01T10:{i:02d}:00Z") for i, t in enumerate(SAILING)]
+    write_cluster(Paths(root), Cluster("c-0000aaaa", "Sailing trips", memories=mems))
+    for j, topic in enumerate(["piano scales practice", "garden tomato soil", "train ticket"]):
+        others = [Memory.new(f"{topic} note {i}") for i in range(10)]
+        write_cluster(Paths(root), Cluster(f"c-0000bbb{j}", topic.title(), memories=others))
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "a sailing cluster")
+    return root
+
+
+def _trailers(root: Path, ref: str = "HEAD") -> str:
+    return git(root, "log", "-1", "--format=%B", ref)
+
+
+def _same_as_files(eng: Engine) -> None:
+    files = load_state(eng.root)
+    assert eng.state.memory_ids() == files.memory_ids()
+    assert eng.index.memory_ids() == {
+        m.id for m, area, _ in files.all_memories() if area != "archive"
+    }
+
+
+def test_a_large_batch_is_one_file_then_one_route_commit(tmp_path: Path) -> None:
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        assert res.deferred and res.unsorted == 6 and not res.routed
+        assert git(root, "show", "--name-only", "--format=", "HEAD").split() == [
+            f"unsorted/{res.shard}.yaml"
+        ]
+        assert "Clagd-Route: deferred" in _trailers(root)
+        assert eng.status()["route_pending"] == 1
+        # retrievable at once, from the unsorted area
+        hit = eng.query("the harbour master checked", count_round=False)["memories"][0]
+        assert hit["content"] == NEW_SAILING[1] and hit["cluster_id"] is None
+
+        assert eng.maybe_route() is None  # the inbox has not been quiet for 60 s
+        out = eng.maybe_route(force=True)
+        assert out is not None and out["routed"] == 4 and out["clusters"] == 1
+        assert "Clagd-Kind: route" in _trailers(root) and "Clagd-Routed: 4" in _trailers(root)
+        cluster = yaml.safe_load((root / "clusters" / "c-0000aaaa.yaml").read_text())
+        assert {m["content"] for m in cluster["memories"]} == set(SAILING + NEW_SAILING)
+        shard = yaml.safe_load((root / "unsorted" / f"{res.shard}.yaml").read_text())
+        assert [m["content"] for m in shard["memories"]] == OTHER
+        assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
+        _same_as_files(eng)
+        hit = eng.query("the harbour master checked", count_round=False)["memories"][0]
+        assert hit["content"] == NEW_SAILING[1] and hit["cluster_id"] == "c-0000aaaa"
+        st = eng.status()
+        assert st["route_pending"] == 0
+        assert st["counters"]["routed"] == 4 and st["counters"]["route_passes"] == 1
+        assert eng.maybe_route(force=True) is None  # nothing left waiting
+    finally:
+        eng.close()
+
+
+def test_a_small_batch_is_routed_in_its_own_commit(tmp_path: Path) -> None:
+    root = _store(tmp_path, route_inline_max=3)
+    eng = Engine(root)
+    try:
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING[:2]], source="test")
+        assert not res.deferred and res.routed == {"c-0000aaaa": 2}
+        assert eng.status()["route_pending"] == 0
+        assert "clusters/c-0000aaaa.yaml" in git(root, "show", "--name-only", "--format=", "HEAD")
+    finally:
+        eng.close()
+
+
+def test_a_failed_route_pass_changes_nothing_and_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _store(tmp_path, route_inline_max=1, route_delay_seconds=0)
+    eng = Engine(root)
+    try:
+        eng.ingest([Item(t, None, {}) for t in NEW_SAILING], source="test")
+        head = git(root, "rev-parse", "HEAD")
+
+        def disk_full(*a: object, **k: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        # the pass has moved the memories in the state when writing the cluster file fails
+        monkeypatch.setattr(writer, "write_cluster", disk_full)
+        with pytest.raises(OSError):
+            eng.maybe_route()
+        assert git(root, "rev-parse", "HEAD") == head
+        assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
+        _same_as_files(eng)
+        st = eng.status()
+        assert st["route_pending"] == 1 and st["counters"]["route_failures"] == 1
+        monkeypatch.undo()
+        assert eng.maybe_route()["routed"] == 4  # type: ignore[index]
+        _same_as_files(eng)
+    finally:
+        eng.close()
+
+
+def test_inbox_bursts_are_routed_once_the_inbox_is_quiet(tmp_path: Path, short_tmp: Path) -> None:
+    root = _store(tmp_path, route_inline_max=2, route_delay_seconds=0.2)
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        inbox = root / "inbox"
+        for i, chunk in enumerate((NEW_SAILING[:2] + OTHER[:1], NEW_SAILING[2:] + OTHER[1:])):
+            tmp = inbox / ".tmp" / f"b{i}.json"
+            tmp.write_text(json.dumps([{"content": t} for t in chunk]))
+            tmp.rename(inbox / f"b{i}.json")
+
+        def routed() -> bool:
+            with d.client() as c:
+                st = c.status()
+            return st["counters"]["routed"] == 4 and st["route_pending"] == 0
+
+        wait_for(routed, 20, "the route pass")
+        with d.client() as c:
+            kinds = [e["kind"] for e in c.log(10)["entries"]]
+        assert "route" in kinds and "ingest" in kinds
+        cluster = yaml.safe_load((root / "clusters" / "c-0000aaaa.yaml").read_text())
+        assert set(NEW_SAILING) <= {m["content"] for m in cluster["memories"]}
+    finally:
+        d.stop()
+    # a clean stop leaves nothing waiting and the store equal to HEAD
+    assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
