@@ -216,10 +216,7 @@ class Daemon:
         if eng is None:
             return
         eng.check_outside()
-        try:
-            eng.maybe_route()
-        except Exception as exc:  # noqa: BLE001 - logged; the memories stay unsorted meanwhile
-            log.warning("route pass failed: %s", exc)
+        eng.maybe_route(wait=False)  # queued on the writer; a failure is logged and retried
         eng.stats.save()
         eng.maybe_snapshot()
         sdnotify.status(

@@ -14,6 +14,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -117,6 +118,7 @@ class Engine:
         # unsorted shards of large batches, waiting for a route pass (name -> when added)
         self._route_pending: dict[str, float] = {}
         self._route_lock = threading.Lock()
+        self._route_running = False
         self._last_ingest = 0.0
         self.new_since_session = 0
         self.rounds_since_session = 0
@@ -359,30 +361,45 @@ class Engine:
         quiet = now - self._last_ingest >= self.config.ingest.route_delay_seconds
         return quiet or now - oldest >= ROUTE_MAX_WAIT
 
-    def maybe_route(self, force: bool = False) -> dict[str, Any] | None:
-        """Run the route pass when it is due (or waiting at all, with `force`)."""
-        if not (self.route_due() or (force and self._route_pending)):
+    def maybe_route(self, force: bool = False, wait: bool = True) -> dict[str, Any] | None:
+        """Run the route pass when it is due (or waiting at all, with `force`). With
+        `wait=False` (housekeeping) it is queued on the writer and this returns at once."""
+        with self._route_lock:
+            if self._route_running or not self._route_pending:
+                return None
+        if not (force or self.route_due()):
             return None
-        try:
-            res: dict[str, Any] = self.writer.call(self._route_op)
-        except Exception:
-            self.counters["route_failures"] += 1
-            raise
-        return res
+        with self._route_lock:
+            self._route_running = True
+        fut = self.writer.submit(self._route_op)
+        fut.add_done_callback(self._route_done)
+        return fut.result() if wait else None
+
+    def _route_done(self, fut: Future) -> None:
+        with self._route_lock:  # also when the op never ran (the writer was stopping)
+            self._route_running = False
+        exc = fut.exception()
+        if exc is not None:
+            log.warning("route pass failed (tried again later): %s", exc)
 
     def _route_op(self, ctx: WriteContext) -> dict[str, Any]:
         # as for ingest: take in a hand edit first, routing rewrites cluster files
         self._outside_op(ctx)
         with self._route_lock:
-            taken = dict(self._route_pending)
-            self._route_pending.clear()
+            taken = list(self._route_pending)
+        # the shards stay listed as waiting until the pass has committed (a failed pass is
+        # tried again at the next due time)
         try:
-            res = route_shards(ctx, list(taken), self._route, self._blocked)
+            res = route_shards(ctx, taken, self._route, self._blocked)
         except BaseException:
-            with self._route_lock:  # nothing was committed: the next pass tries again
-                for name, at in taken.items():
-                    self._route_pending.setdefault(name, at)
+            self.counters["route_failures"] += 1
             raise
+        finally:
+            with self._route_lock:
+                self._route_running = False
+        with self._route_lock:
+            for name in taken:
+                self._route_pending.pop(name, None)
         self.counters["route_passes"] += 1
         self.counters["routed"] += res.routed
         if res.commit:
