@@ -99,8 +99,7 @@ def _epoch(created_at: str) -> float:
     return dt.timestamp() if dt is not None else math.nan
 
 
-def _time_key(m: Memory) -> tuple[float, str]:
-    t = _epoch(m.created_at)
+def _chain_key(m: Memory, t: float) -> tuple[float, str]:
     return (-math.inf if math.isnan(t) else t, m.id)
 
 
@@ -582,12 +581,15 @@ class Index:
 
         chains: list[list[int]] = []
         labels: list[list[int]] = []
+        epoch_of: dict[int, float] = {}  # parsed once for the chain order and the time array
         for j, c in enumerate(upsert.values()):
             cs = cbase + j
             cslot_of[c.id] = cs
             seen: set[str] = set()
             chain: list[int] = []
-            for m in sorted(c.memories, key=_time_key):
+            for m in c.memories:
+                epoch_of[id(m)] = _epoch(m.created_at)
+            for m in sorted(c.memories, key=lambda m: _chain_key(m, epoch_of[id(m)])):
                 if m.id not in seen:
                     seen.add(m.id)
                     chain.append(place(m, cs))
@@ -617,7 +619,16 @@ class Index:
         new._mems = self._mems.extended(new_mems)
         new._len = np.concatenate((self._len, np.asarray(new_len, dtype=np.float32)))
         new._ts = np.concatenate(
-            (self._ts, np.asarray([_epoch(m.created_at) for m in new_mems], dtype=np.float64))
+            (
+                self._ts,
+                np.asarray(
+                    [
+                        epoch_of[id(m)] if id(m) in epoch_of else _epoch(m.created_at)
+                        for m in new_mems
+                    ],
+                    dtype=np.float64,
+                ),
+            )
         )
         new._imp = np.concatenate(
             (self._imp, np.asarray([_importance(m) for m in new_mems], dtype=np.float32))
