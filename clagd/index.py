@@ -241,12 +241,21 @@ def _make_segment(
     numpy pass: entries of the same (term, doc) are summed."""
     n = max(n_docs, 1)
     key = tid.astype(np.int64) * n + doc.astype(np.int64)
-    uk, inv = np.unique(key, return_inverse=True)
-    tf = np.bincount(inv.ravel(), weights=w, minlength=len(uk)).astype(np.float32)
+    order = np.argsort(key)
+    ks = key[order]
+    if len(ks):
+        first = np.empty(len(ks), dtype=bool)
+        first[0] = True
+        np.not_equal(ks[1:], ks[:-1], out=first[1:])
+        runs = np.flatnonzero(first)
+        uk = ks[runs]
+        tf = np.add.reduceat(w[order], runs).astype(np.float32)
+    else:
+        uk, tf = ks, _EMPTY_F
     t = uk // n
-    d = (uk % n).astype(np.int32)
+    d = (uk - t * n).astype(np.int32)
     indptr = _ptr(np.bincount(t, minlength=n_terms)[:n_terms])
-    order = np.argsort(d, kind="stable")
+    forward = np.argsort(d, kind="stable")
     fptr = _ptr(np.bincount(d, minlength=n_docs)[:n_docs])
     return _Segment(
         start,
@@ -255,8 +264,8 @@ def _make_segment(
         (d + start).astype(np.int32),
         tf,
         fptr,
-        t[order].astype(np.int32),
-        tf[order],
+        t[forward].astype(np.int32),
+        tf[forward],
     )
 
 

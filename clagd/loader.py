@@ -102,9 +102,14 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+# the share this process loads itself is this much larger than a worker's: a worker also
+# starts Python, imports, and pickles its result, which this process then unpickles
+OWN_SHARE_WEIGHT = 1.25
+
+
 def _shares(root: Path, rels: list[str], n: int) -> list[list[str]]:
-    """`rels` in `n` shares of about equal size in bytes (largest files first, each to the
-    lightest share)."""
+    """`rels` in `n` shares balanced by size in bytes (largest files first, each to the
+    least loaded share); the first share, loaded by this process, weighs OWN_SHARE_WEIGHT."""
     sizes = []
     for rel in rels:
         try:
@@ -112,9 +117,10 @@ def _shares(root: Path, rels: list[str], n: int) -> list[list[str]]:
         except OSError:
             sizes.append((0, rel))
     shares: list[list[str]] = [[] for _ in range(n)]
-    load = [0] * n
+    load = [0.0] * n
+    weight = [OWN_SHARE_WEIGHT] + [1.0] * (n - 1)
     for size, rel in sorted(sizes, reverse=True):
-        i = load.index(min(load))
+        i = min(range(n), key=lambda j: (load[j] + size) / weight[j])
         shares[i].append(rel)
         load[i] += size
     return shares
