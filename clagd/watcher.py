@@ -10,7 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
@@ -24,19 +30,23 @@ log = logging.getLogger("clagd.inbox")
 IngestFn = Callable[[list[Item], int], object]
 
 
+# Only these events are delivered (on inotify the kernel is not even asked for the rest):
+# reads, modifications and deletions, ours included, never wake or delay the ingest loop.
+EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClosedEvent]
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, watcher: InboxWatcher) -> None:
         self.w = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.is_directory:
-            return
         etype = event.event_type
-        if etype == "closed_no_write" or etype == "opened":
+        if event.is_directory or etype not in ("created", "moved", "closed"):
             return
-        path = Path(str(getattr(event, "dest_path", "") or event.src_path))
-        if path.parent != self.w.inbox:
+        path = Path(str(event.dest_path if etype == "moved" else event.src_path))
+        if path.parent != self.w.inbox:  # inbox/.tmp/, inbox/rejected/: never read
             return
+        # renamed in (from inbox/.tmp/ or another name in the inbox) or closed after writing
         if etype in ("moved", "closed") and not ignored_name(path.name):
             self.w.tracker.mark_complete(path.name)
         self.w.poke()
@@ -76,7 +86,16 @@ class InboxWatcher:
         for kind in kinds:
             obs = Observer() if kind == "inotify" else PollingObserver(timeout=1.0)
             try:
-                obs.schedule(_Handler(self), str(self.inbox), recursive=False)
+                # inotify watches the subfolders too, so that a rename out of inbox/.tmp/
+                # arrives as a move (complete at once), not as a file created in the inbox
+                # (complete only after settle_seconds). Polling would rarely see a file in
+                # .tmp/ between two polls, and would walk inbox/rejected/ every second.
+                obs.schedule(
+                    _Handler(self),
+                    str(self.inbox),
+                    recursive=kind == "inotify",
+                    event_filter=EVENTS,
+                )
                 obs.start()
             except OSError as exc:  # e.g. the inotify watch limit
                 log.warning("inbox watcher %s unavailable (%s)", kind, exc)
@@ -127,25 +146,33 @@ class InboxWatcher:
             self._backlog_done.set()
 
     def _run(self) -> None:
+        busy = False
         while not self._stop.is_set():
-            self._wake.wait(self.cfg.rescan_seconds)
+            if not busy:
+                self._wake.wait(self.cfg.rescan_seconds)
+                if self._stop.is_set():
+                    break
+                self._debounce()
+            # After a pass that handled files, the next one starts at once: what arrived
+            # meanwhile is ready now, and the deletions of the last batch are no reason to
+            # wait. Only a pass that found nothing waits for an event, a timer or the rescan.
             self._wake.clear()
-            if self._stop.is_set():
-                break
-            # debounce: let a burst of files finish arriving, but never wait forever
-            started = time.monotonic()
-            while (
-                time.monotonic() - self._last_event < self.cfg.debounce_seconds
-                and time.monotonic() - started < 5 * self.cfg.debounce_seconds + 1
-                and not self._stop.is_set()
-            ):
-                time.sleep(self.cfg.debounce_seconds / 4)
-            self.process()
+            busy = self.process() > 0
             self._check_backlog()
         try:
             self.process()
         except Exception as exc:  # noqa: BLE001
             log.error("final inbox pass failed: %s", exc)
+
+    def _debounce(self) -> None:
+        """Let a burst of files finish arriving (one commit, not many), but never wait long."""
+        started = time.monotonic()
+        while (
+            time.monotonic() - self._last_event < self.cfg.debounce_seconds
+            and time.monotonic() - started < 5 * self.cfg.debounce_seconds + 1
+            and not self._stop.is_set()
+        ):
+            time.sleep(self.cfg.debounce_seconds / 4)
 
     def process(self) -> int:
         """One pass: ingest every complete file, reject the malformed. Returns files handled."""

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import InProcessDaemon, git, head_contents, wait_for
+from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
 from clagd.errors import InboxRejected
 from clagd.inbox import ignored_name, parse_text, read_file
@@ -130,3 +131,78 @@ def test_file_written_in_place_slowly_is_read_only_when_complete(daemon: InProce
         "written slowly part 0 slowly part 1 slowly part 2 slowly part 3 over seconds",
     ]
     assert not (inbox / "rejected" / "slow.json").exists()
+
+
+def _rename_in(inbox: Path, name: str, text: str) -> None:
+    (inbox / ".tmp" / name).write_text(text)
+    os.rename(inbox / ".tmp" / name, inbox / name)
+
+
+def test_renamed_in_file_is_read_at_once_a_file_still_open_is_not(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """settle_seconds is 30: only a rename (or a close) can make a file complete in time."""
+    store = make_store(tmp_path / "memory", {"inbox": {"settle_seconds": 30.0}})
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    inbox = store / "inbox"
+    try:
+        with open(inbox / "open.json", "w") as fh:
+            # valid JSON already, but its writer has not closed it: it may write more
+            fh.write(json.dumps({"content": "written in place, still open"}))
+            fh.flush()
+            t0 = time.monotonic()
+            _rename_in(inbox, "renamed.json", json.dumps({"content": "renamed in from .tmp"}))
+            wait_for(lambda: not (inbox / "renamed.json").exists(), 10, "the renamed file")
+            assert time.monotonic() - t0 < 10
+            # the pass that took the renamed file saw the open one, and left it
+            assert head_contents(store) == ["renamed in from .tmp"]
+            assert (inbox / "open.json").exists()
+            assert not (inbox / "rejected").exists() or not any((inbox / "rejected").iterdir())
+            ready, waiting = d.daemon.watcher.tracker.ready()
+            assert ready == [] and waiting == 1
+        # closed after its last write: complete at once too
+        wait_for(lambda: not (inbox / "open.json").exists(), 10, "the closed file")
+        assert sorted(head_contents(store)) == [
+            "renamed in from .tmp",
+            "written in place, still open",
+        ]
+    finally:
+        d.stop()
+
+
+def test_two_bursts_are_ingested_back_to_back(tmp_path: Path, short_tmp: Path) -> None:
+    """A burst that arrives while the last one is being committed is taken right after that
+    commit: not after another debounce (the deletions of the last batch are no events)."""
+    store = make_store(
+        tmp_path / "memory", {"inbox": {"settle_seconds": 30.0, "debounce_seconds": 3.0}}
+    )
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    inbox = store / "inbox"
+    watcher = d.daemon.watcher
+    real_ingest = watcher.ingest
+    committing, commit_may_go = threading.Event(), threading.Event()
+
+    def slow_commit(items: list, files: int) -> object:
+        committing.set()
+        commit_may_go.wait(30)  # a slow commit: the second burst arrives meanwhile
+        return real_ingest(items, files)
+
+    watcher.ingest = slow_commit
+    try:
+        for i in range(20):
+            _rename_in(inbox, f"a{i:02d}.json", json.dumps({"content": f"first burst {i}"}))
+        assert committing.wait(30)
+        for i in range(20):
+            _rename_in(inbox, f"b{i:02d}.json", json.dumps({"content": f"second burst {i}"}))
+        t0 = time.monotonic()
+        commit_may_go.set()
+        wait_for(lambda: not any(p.is_file() for p in inbox.iterdir()), 20, "both bursts")
+        assert time.monotonic() - t0 < 2.0  # well under the 3 s debounce
+        added = git(store, "log", "--format=%(trailers:key=Clagd-Added,valueonly)").split()
+        assert added[:2] == ["20", "20"]  # one commit per burst, the second one last
+        contents = head_contents(store)
+        assert sorted(contents) == sorted(
+            [f"first burst {i}" for i in range(20)] + [f"second burst {i}" for i in range(20)]
+        )
+    finally:
+        d.stop()
