@@ -6,9 +6,12 @@ kind of change it was; `log()` reads them back for `clagd log`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ from git.cmd import Git
 from git.exc import GitCommandError
 
 from .errors import Conflict, NotFound, StoreError
+from .yamlio import fsync_dir
 
 log = logging.getLogger("clagd.git")
 
@@ -23,6 +27,8 @@ IDENTITY = ("-c", "user.name=clagd", "-c", "user.email=clagd@localhost")
 TRAILER_PREFIX = "Clagd-"
 _FIELD = "\x1f"
 _RECORD = "\x1e"
+# in .git/: present while objects written without fsync may not be flushed yet
+UNSYNCED = "clagd-unsynced-objects"
 
 
 def format_message(subject: str, body: str = "", trailers: dict[str, Any] | None = None) -> str:
@@ -114,7 +120,28 @@ class GitStore:
                     except GitCommandError:
                         pass
                 notes.append(f"abandoned an unfinished git operation ({marker})")
+        unsynced = gitdir / UNSYNCED
+        if unsynced.exists():
+            # killed (or the power lost) between `git add` and the flush: the objects written
+            # since may be torn; nothing refers to them, but git would reuse one for the same
+            # content, so the unreadable ones go
+            dropped = drop_broken_objects(gitdir / "objects", unsynced.stat().st_mtime - 2.0)
+            if dropped:
+                notes.append(f"removed {len(dropped)} unreadable loose object(s) after a crash")
+            unsynced.unlink()
         return notes
+
+    def _mark_unsynced(self) -> None:
+        """Note, durably, that objects are about to be written without fsync."""
+        path = self.root / ".git" / UNSYNCED
+        if path.exists():
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(path.parent)
 
     def reset_paths_to_head(self, dirs: Iterable[str]) -> None:
         """Drop uncommitted changes under the given folders (a half-applied operation)."""
@@ -159,14 +186,28 @@ class GitStore:
         body: str = "",
         trailers: dict[str, Any] | None = None,
         allow_empty: bool = False,
+        flush: Callable[[], object] | None = None,
     ) -> str | None:
         """Stage exactly `paths` (added, changed or deleted) and commit only them.
+
+        With `flush`, `git add` writes its objects without an fsync each (core.fsync=none)
+        and `flush()` is called after it, before `git commit`: it must make them durable
+        (the writer's one syncfs per commit), so that no commit refers to an object that a
+        power loss could take. The commit object, trees and ref keep git's own fsync.
 
         Returns the new commit, or None when nothing changed."""
         paths = sorted(set(paths))
         if paths:
             # --ignore-removal is not wanted: a deleted file must be staged as deleted.
-            self.run("add", "-A", "--", *paths)
+            if flush is None:
+                self.run("add", "-A", "--", *paths)
+            else:
+                self._mark_unsynced()
+                self.run("-c", "core.fsync=none", "add", "-A", "--", *paths)
+        if flush is not None:
+            flush()
+            # syncfs (or sync) flushed every object written since the mark, a failed add's too
+            (self.root / ".git" / UNSYNCED).unlink(missing_ok=True)
         staged = self.run("diff", "--cached", "--name-only", "--", *paths).strip() if paths else ""
         if not staged and not allow_empty:
             return None
@@ -300,6 +341,29 @@ def _first_line(text: Any) -> str:
         if line and not line.startswith("stderr:"):
             return line
     return str(text).strip()
+
+
+def drop_broken_objects(objects: Path, since: float) -> list[str]:
+    """Remove the loose objects changed since `since` (a wall-clock time) that do not
+    inflate to their own hash: what a power loss can leave of an object never flushed."""
+    dropped = []
+    for fan in os.scandir(objects):
+        if len(fan.name) != 2 or not fan.is_dir() or fan.stat().st_mtime < since:
+            continue  # no entry was added to a folder older than `since`
+        for entry in os.scandir(fan.path):
+            name = fan.name + entry.name
+            if len(name) not in (40, 64) or entry.stat().st_mtime < since:
+                continue
+            try:
+                raw = zlib.decompress(Path(entry.path).read_bytes())
+                algo = hashlib.sha1 if len(name) == 40 else hashlib.sha256
+                ok = algo(raw).hexdigest() == name
+            except (OSError, zlib.error):
+                ok = False
+            if not ok:
+                Path(entry.path).unlink(missing_ok=True)
+                dropped.append(name)
+    return dropped
 
 
 def ensure_repo(root: Path) -> GitStore:

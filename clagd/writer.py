@@ -11,6 +11,7 @@ never leaves a half-applied change behind.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -113,9 +114,11 @@ class WriteContext:
         """Write every touched file, commit exactly those, publish the change to readers.
 
         Durability: the transaction marker (fsynced) names every file first; the files are
-        written and renamed without one fsync each, then flushed together with one syncfs
-        (or file by file where syncfs is missing) before the marker goes. A crash before
-        that point is undone at start-up from the marker, a crash after it loses nothing."""
+        written and renamed without one fsync each, `git add` writes their objects without
+        one fsync each either, then one syncfs flushes files and objects together before
+        `git commit` refers to them (where syncfs is missing: an fsync per file, and git's
+        own fsync per object). A crash before the commit is undone at start-up from the
+        marker, a crash after it loses nothing."""
         w = self.w
         w.begin_txn(subject, self.touched_paths())
         batch_sync = w.can_syncfs
@@ -137,15 +140,21 @@ class WriteContext:
             after = {m.id for m in mems}
             changes.add_unsorted.extend(m for m in mems if m.id not in before)
             changes.remove_unsorted.extend(sorted(before - after))
-        if batch_sync:
+        if not batch_sync:
+            for d in DATA_DIRS:
+                fsync_dir(self.paths.root / d)
+
+        def flush() -> None:
+            """After `git add`, before `git commit`: the files and the new objects."""
             w.can_syncfs = syncfs(self.paths.root)
             if not w.can_syncfs:  # flush what was written without fsync, file by file
                 for rel in written:
                     fsync_file(self.paths.root / rel)
-        if not w.can_syncfs:
-            for d in DATA_DIRS:
-                fsync_dir(self.paths.root / d)
-        sha = w.git.commit(written, subject, body, trailers)
+                for d in DATA_DIRS:
+                    fsync_dir(self.paths.root / d)
+                os.sync()  # and the objects git wrote without fsync (paths not known here)
+
+        sha = w.git.commit(written, subject, body, trailers, flush=flush if batch_sync else None)
         w.end_txn()
         for cid in sorted(self._clusters):
             if cid in self.state.clusters:

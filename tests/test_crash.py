@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
+from clagd import gitstore
 from clagd.engine import Engine
 from clagd.errors import Conflict
 from clagd.model import Cluster
@@ -184,3 +185,45 @@ def test_git_fsck_clean_after_harness_style_kill(store: Path, short_tmp: Path) -
     fsck = subprocess.run(["git", "fsck", "--full"], cwd=store, capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stderr
     assert sorted(head_contents(store)) == sorted(f"burst memory {i}" for i in range(30))
+
+
+def test_objects_torn_by_a_power_loss_before_the_flush_are_dropped_at_start(store: Path) -> None:
+    """`git add` writes objects without fsync and the syncfs comes after it: a power loss in
+    between can leave an object file empty. Nothing refers to it, but git would reuse it for
+    the same content, so start-up drops it (and only it) when the unsynced mark is there."""
+    shard = store / "unsorted" / "u-20260101T000000-dddddd.yaml"
+    text = "memories:\n- {id: m-00000000000000d1, content: same bytes again, created_at: x}\n"
+    torn = subprocess.run(
+        ["git", "hash-object", "-w", "--stdin"],
+        cwd=store,
+        input=text,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    good = subprocess.run(
+        ["git", "hash-object", "-w", "--stdin"],
+        cwd=store,
+        input="a flushed object\n",
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    obj = store / ".git" / "objects" / torn[:2] / torn[2:]
+    obj.chmod(0o644)
+    obj.write_bytes(b"")  # what a power loss leaves of an object never flushed
+    (store / ".git" / gitstore.UNSYNCED).write_text("")
+    eng = Engine(store)
+    try:
+        assert not obj.exists()
+        git(store, "cat-file", "-e", good)  # a readable object stays
+        assert any("unreadable loose object" in n for n in eng.notes)
+        assert not (store / ".git" / gitstore.UNSYNCED).exists()
+        # the same content again is written afresh, not taken from the torn file
+        shard.write_text(text)
+        eng.git.commit([str(shard.relative_to(store))], "test: same content", flush=lambda: None)
+        fsck = subprocess.run(["git", "fsck", "--full"], cwd=store, capture_output=True, text=True)
+        assert fsck.returncode == 0, fsck.stderr
+        assert git(store, "show", f"HEAD:{shard.relative_to(store)}") == text
+    finally:
+        eng.close()

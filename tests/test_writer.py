@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import git, make_store
 
+import clagd.writer as writer_mod
 from clagd.engine import Engine
 from clagd.inbox import Item
 from clagd.model import Memory
@@ -82,5 +84,67 @@ def test_start_after_a_kill_mid_write_restores_only_the_files_of_that_change(
         contents = sorted(m.content for m, _a, _k in eng.state.all_memories())
         assert contents == ["a committed memory", "the user's own note"]
         assert not (root / ".clagd" / "txn").exists()
+    finally:
+        eng.close()
+
+
+def _git_argvs(trace: Path, sub: str) -> list[list[str]]:
+    """argv of every git process of subcommand `sub` in a GIT_TRACE2_EVENT file."""
+    starts = [e for e in map(json.loads, trace.read_text().splitlines()) if e["event"] == "start"]
+    out = []
+    for e in starts:
+        argv = e["argv"]
+        words = [a for i, a in enumerate(argv[1:], 1) if a != "-c" and argv[i - 1] != "-c"]
+        if words and words[0] == sub:
+            out.append(argv)
+    return out
+
+
+def test_one_syncfs_after_git_add_and_before_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`git add` writes its objects without an fsync each; the writer's one syncfs runs after
+    it, when the new blobs exist and no commit refers to them yet; `git commit` keeps git's
+    own fsync. Without syncfs, `git add` fsyncs its objects itself."""
+    root = make_store(tmp_path / "m")
+    trace = tmp_path / "trace2.jsonl"
+    monkeypatch.setenv("GIT_TRACE2_EVENT", str(trace))
+    real_syncfs = writer_mod.syncfs
+    at_syncfs: list[tuple[str, list[str]]] = []
+
+    def syncfs_seeing_the_store(path: Path) -> bool:
+        staged = git(root, "ls-files", "-s", "--", "unsorted").split()
+        blobs = [w for w in staged if len(w) == 40]
+        for blob in blobs:  # raises if git add had not written it
+            git(root, "cat-file", "-e", blob)
+        at_syncfs.append((git(root, "rev-parse", "HEAD").strip(), blobs))
+        return real_syncfs(path)
+
+    monkeypatch.setattr(writer_mod, "syncfs", syncfs_seeing_the_store)
+    eng = Engine(root)
+    try:
+        head = git(root, "rev-parse", "HEAD").strip()
+        trace.unlink(missing_ok=True)
+        at_syncfs.clear()
+        eng.ingest([Item("flushed once, after git add", None, {})], "test")
+        assert len(at_syncfs) == 1
+        head_then, blobs = at_syncfs[0]
+        assert head_then == head  # the commit came after the syncfs
+        shard = git(root, "ls-tree", "-r", "HEAD", "--", "unsorted").split()
+        assert [w for w in shard if len(w) == 40] == blobs  # what was flushed is committed
+        adds, commits = _git_argvs(trace, "add"), _git_argvs(trace, "commit")
+        assert len(adds) == 1 and "core.fsync=none" in adds[0]
+        assert len(commits) == 1 and "core.fsync=none" not in commits[0]
+        assert git(root, "config", "core.fsync").strip() == "all"
+
+        eng.writer.can_syncfs = False  # e.g. a libc without syncfs
+        trace.unlink()
+        eng.ingest([Item("flushed file by file", None, {})], "test")
+        assert len(at_syncfs) == 1
+        adds = _git_argvs(trace, "add")
+        assert len(adds) == 1 and "core.fsync=none" not in adds[0]
+        assert "flushed file by file" in [
+            m.content for m, _a, _k in load_state(root).all_memories()
+        ]
     finally:
         eng.close()
