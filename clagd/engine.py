@@ -76,16 +76,8 @@ class Engine:
             state, self.index = snap
             self.load_source = "snapshot"
         else:
-            r = self.config.retrieval
-            loaded = load_store(self.root, stem=r.stemmer, stopwords=r.stopwords)
-            state = loaded.state
-            self.index = Index.build(
-                state.clusters,
-                state.unsorted_memories(),
-                self.config,
-                terms=loaded.terms,
-                vocab=loaded.vocab,
-            )
+            loaded = load_store(self.root, self.config)
+            state, self.index = loaded.state, loaded.index
             self.load_source = "files"
             self.load_processes = loaded.workers
         self._archive_index: Index | None = None

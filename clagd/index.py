@@ -423,28 +423,9 @@ class Index:
         unsorted: Iterable[Memory],
         cfg: Any = None,
         ingest: IngestConfig | None = None,
-        terms: Mapping[str, np.ndarray] | None = None,
-        vocab: dict[str, int] | None = None,
     ) -> Index:
-        """An index of these clusters and unsorted memories. `terms` (memory id -> term ids
-        in `vocab`, in text order) are the memories already tokenized, with this index's
-        tokenizer settings (the start-up loader does that in parallel processes)."""
         values = clusters.values() if isinstance(clusters, Mapping) else clusters
-        ix = cls(cfg, ingest)
-        if terms is None or vocab is None:
-            return ix.apply(upsert_clusters=values, add_unsorted=unsorted)
-        ix._vocab = vocab
-
-        def terms_of(m: Memory) -> tuple[np.ndarray, np.ndarray | None]:
-            got = terms.get(m.id)
-            if got is None:
-                got = np.asarray(
-                    [vocab.setdefault(t, len(vocab)) for t in ix._tokens(m.content)],
-                    dtype=np.int32,
-                )
-            return got, None
-
-        return ix._apply(values, (), unsorted, (), terms_of)
+        return cls(cfg, ingest).apply(upsert_clusters=values, add_unsorted=unsorted)
 
     def __len__(self) -> int:
         return self._n_alive
@@ -474,9 +455,33 @@ class Index:
         remove_clusters: Iterable[str] = (),
         add_unsorted: Iterable[Memory] = (),
         remove_unsorted: Iterable[str] = (),
+        terms: Mapping[str, np.ndarray] | None = None,
     ) -> Index:
-        """A new snapshot with these changes; the work is proportional to what changed."""
-        return self._apply(upsert_clusters, remove_clusters, add_unsorted, remove_unsorted)
+        """A new snapshot with these changes; the work is proportional to what changed.
+
+        `terms` (memory id -> term ids in `self.vocab`, in text order) are memories already
+        tokenized with this index's settings (the start-up loader does that in parallel
+        processes); a memory not in it is tokenized here."""
+        if terms is None:
+            return self._apply(upsert_clusters, remove_clusters, add_unsorted, remove_unsorted)
+        vocab, tokens = self._vocab, self._tokens
+
+        def terms_of(m: Memory) -> tuple[np.ndarray, np.ndarray | None]:
+            got = terms.get(m.id)
+            if got is None:
+                got = np.asarray(
+                    [vocab.setdefault(t, len(vocab)) for t in tokens(m.content)], dtype=np.int32
+                )
+            return got, None
+
+        return self._apply(
+            upsert_clusters, remove_clusters, add_unsorted, remove_unsorted, terms_of
+        )
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """term -> id; it only grows, and the snapshots of one index share it."""
+        return self._vocab
 
     def _apply(
         self,

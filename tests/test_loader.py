@@ -67,23 +67,21 @@ def _results(ix: Index) -> list[list[tuple[str, float]]]:
 def test_parallel_load_equals_a_load_in_one_process(tmp_path: Path) -> None:
     root = _store(tmp_path)
     cfg = load_config(root)
-    one = loader.load_store(root, workers=1)
-    many = loader.load_store(root, workers=3)
+    one = loader.load_store(root, cfg, workers=1)
+    many = loader.load_store(root, cfg, workers=3)
     assert (one.workers, many.workers) == (1, 3)
     files = load_state(root)
+    plain = Index.build(files.clusters, files.unsorted_memories(), cfg)
+    hot = {m.id for m, area, _ in files.all_memories() if area != "archive"}
+    assert len(hot) == 241 and any(_results(plain))
     for got in (one, many):
         assert got.state.clusters == files.clusters
         assert got.state.archived == files.archived
         assert got.state.unsorted == files.unsorted
-        # archived memories are not tokenized: they are not in the hot index
-        assert set(got.terms) == {m.id for m, area, _ in files.all_memories() if area != "archive"}
-    plain = Index.build(files.clusters, files.unsorted_memories(), cfg)
-    fast = Index.build(
-        many.state.clusters, many.state.unsorted_memories(), cfg, terms=many.terms, vocab=many.vocab
-    )
-    assert len(fast) == len(plain) == 241
-    assert _results(fast) == _results(plain)
-    assert any(_results(plain))
+        # archived memories are not in the hot index
+        assert got.index.memory_ids() == hot and len(got.index) == len(plain)
+        assert got.index.n_clusters == plain.n_clusters == len(TOPICS)
+        assert _results(got.index) == _results(plain)
 
 
 def test_broken_files_are_named_whichever_process_read_them(tmp_path: Path) -> None:
@@ -122,7 +120,7 @@ def test_a_loader_process_that_fails_costs_only_time(
     with caplog.at_level(logging.WARNING, logger="clagd.loader"):
         got = loader.load_store(root, workers=2)
     assert got.state.clusters == load_state(root).clusters
-    assert len(got.terms) == 241
+    assert len(got.index) == 241
     assert "loading" in caplog.text
 
 
