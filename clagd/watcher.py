@@ -77,9 +77,14 @@ class InboxWatcher:
     def start(self) -> None:
         self.inbox.mkdir(parents=True, exist_ok=True)
         self._backlog = set(self.tracker.candidates())
+        if not self._backlog:
+            self._backlog_done.set()
         self._start_observer()
         self._thread.start()
-        self.poke()
+        # the first pass starts at once (no debounce): the files present at start are not a
+        # burst still arriving, and the daemon serves only after they are taken in
+        self._idle.clear()
+        self._wake.set()
 
     def _start_observer(self) -> None:
         kinds = ["inotify", "polling"] if self.cfg.observer == "auto" else [self.cfg.observer]
