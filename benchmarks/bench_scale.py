@@ -103,8 +103,15 @@ def rss_mb(pid: int) -> float:
 
 
 def start(d: DaemonProcess) -> float:
+    """Seconds from launching `clagd run` until it answers ping (polled every 10 ms; the
+    tests' helper backs off to 0.2 s, which would add up to that much to the figure)."""
     t = time.perf_counter()
-    d.start()
+    d.start(wait=False)
+    deadline = t + 120
+    while not d.ready():
+        if time.perf_counter() > deadline:
+            raise AssertionError("the daemon did not answer ping within 120 s")
+        time.sleep(0.01)
     return time.perf_counter() - t
 
 
