@@ -206,3 +206,31 @@ def test_two_bursts_are_ingested_back_to_back(tmp_path: Path, short_tmp: Path) -
         )
     finally:
         d.stop()
+
+
+def test_start_up_takes_in_the_inbox_without_a_debounce(tmp_path: Path) -> None:
+    """The first pass runs at once: an empty inbox does not hold start-up back, and files
+    already there are taken in before the daemon serves, not a debounce later."""
+    from clagd.config import load_config
+    from clagd.watcher import InboxWatcher
+
+    store = make_store(tmp_path / "memory", {"inbox": {"debounce_seconds": 60.0}})
+    cfg = load_config(store).inbox
+    taken: list[int] = []
+    empty = InboxWatcher(store / "inbox", cfg, lambda items, files: taken.append(files))
+    empty.start()
+    try:
+        assert empty.wait_backlog(0)  # nothing to wait for: done before the first pass
+    finally:
+        empty.stop()
+    for i in range(3):
+        (store / "inbox" / f"m{i}.json").write_text(json.dumps({"content": f"memory {i}"}))
+        old = time.time() - 60  # complete: written long before the start
+        os.utime(store / "inbox" / f"m{i}.json", (old, old))
+    full = InboxWatcher(store / "inbox", cfg, lambda items, files: taken.append(files) or None)
+    full.start()
+    try:
+        assert full.wait_backlog(20)  # a 60 s debounce would make this time out
+        assert sum(taken) == 3
+    finally:
+        full.stop()
