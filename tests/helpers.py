@@ -16,7 +16,7 @@ import yaml
 from clagd.client import Client
 from clagd.config import Config, load_config
 from clagd.daemon import Daemon
-from clagd.store import init_store
+from clagd.store import init_store, load_state
 
 FAST = {
     "backend": {"kind": "none", "recheck_seconds": 0},
@@ -59,6 +59,15 @@ def make_store(root: Path, overrides: dict | None = None) -> Path:
     cfg = deep_update(yaml.safe_load(yaml.safe_dump(FAST)), overrides or {})
     (root / "clagd.yaml").write_text(yaml.safe_dump(cfg))
     return root
+
+
+def assert_same_as_files(eng: Any) -> None:
+    """The engine's state and index hold exactly the memories of the store's files."""
+    files = load_state(eng.root)
+    assert eng.state.memory_ids() == files.memory_ids()
+    assert eng.index.memory_ids() == {
+        m.id for m, area, _ in files.all_memories() if area != "archive"
+    }
 
 
 def git(root: Path, *args: str) -> str:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import InProcessDaemon, git, make_store, wait_for
+from helpers import InProcessDaemon, assert_same_as_files, git, make_store, wait_for
 
 from clagd import writer
 from clagd.engine import Engine
 from clagd.inbox import Item
 from clagd.model import Cluster, Memory
-from clagd.store import Paths, load_state, write_cluster
+from clagd.store import Paths, write_cluster
 
 SAILING = [f"sailing the boat out of the harbour in a strong wind, trip {i}" for i in range(20)]
 NEW_SAILING = [
@@ -43,14 +43,6 @@ def _trailers(root: Path, ref: str = "HEAD") -> str:
     return git(root, "log", "-1", "--format=%B", ref)
 
 
-def _same_as_files(eng: Engine) -> None:
-    files = load_state(eng.root)
-    assert eng.state.memory_ids() == files.memory_ids()
-    assert eng.index.memory_ids() == {
-        m.id for m, area, _ in files.all_memories() if area != "archive"
-    }
-
-
 def test_a_large_batch_is_one_file_then_one_route_commit(tmp_path: Path) -> None:
     root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
     eng = Engine(root)
@@ -75,7 +67,7 @@ def test_a_large_batch_is_one_file_then_one_route_commit(tmp_path: Path) -> None
         shard = yaml.safe_load((root / "unsorted" / f"{res.shard}.yaml").read_text())
         assert [m["content"] for m in shard["memories"]] == OTHER
         assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
-        _same_as_files(eng)
+        assert_same_as_files(eng)
         hit = eng.query("the harbour master checked", count_round=False)["memories"][0]
         assert hit["content"] == NEW_SAILING[1] and hit["cluster_id"] == "c-0000aaaa"
         st = eng.status()
@@ -116,12 +108,12 @@ def test_a_failed_route_pass_changes_nothing_and_is_tried_again(
             eng.maybe_route()
         assert git(root, "rev-parse", "HEAD") == head
         assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
-        _same_as_files(eng)
+        assert_same_as_files(eng)
         st = eng.status()
         assert st["route_pending"] == 1 and st["counters"]["route_failures"] == 1
         monkeypatch.undo()
         assert eng.maybe_route()["routed"] == 4  # type: ignore[index]
-        _same_as_files(eng)
+        assert_same_as_files(eng)
     finally:
         eng.close()
 

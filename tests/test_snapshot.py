@@ -7,23 +7,14 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from helpers import git, make_store
+from helpers import assert_same_as_files, git, make_store
 
 from clagd.engine import Engine
 from clagd.inbox import Item
-from clagd.store import load_state
 
 
 def _add(eng: Engine, *texts: str) -> None:
     eng.ingest([Item(t, None, {}) for t in texts], source="test")
-
-
-def _same_as_files(eng: Engine) -> None:
-    files = load_state(eng.root)
-    assert eng.state.memory_ids() == files.memory_ids()
-    assert eng.index.memory_ids() == {
-        m.id for m, area, _ in files.all_memories() if area != "archive"
-    }
 
 
 def test_clean_restart_loads_the_snapshot(tmp_path: Path) -> None:
@@ -35,7 +26,7 @@ def test_clean_restart_loads_the_snapshot(tmp_path: Path) -> None:
     eng = Engine(root)
     try:
         assert eng.load_source == "snapshot"
-        _same_as_files(eng)
+        assert_same_as_files(eng)
         assert eng.query("boats", count_round=False)["memories"][0]["id"] == before[0]["id"]
     finally:
         eng.close()
@@ -59,7 +50,7 @@ def test_snapshot_behind_head_is_brought_up_to_date(tmp_path: Path) -> None:
     try:
         assert eng.load_source == "snapshot"
         assert any("brought up to date" in n for n in eng.notes)
-        _same_as_files(eng)
+        assert_same_as_files(eng)
         assert any(c["name"] == "Edited while stopped" for c in eng.clusters()["clusters"])
         assert (
             eng.query("kitchen", count_round=False)["memories"][0]["content"]
@@ -78,7 +69,7 @@ def test_corrupt_or_foreign_snapshot_means_a_full_load(tmp_path: Path) -> None:
     snap.write_bytes(b"not a pickle")
     eng = Engine(root)
     assert eng.load_source == "files"
-    _same_as_files(eng)
+    assert_same_as_files(eng)
     eng.close()
     # a snapshot of a commit that no longer exists (history rewritten by the user)
     head = git(root, "rev-parse", "HEAD").strip()
@@ -90,6 +81,6 @@ def test_corrupt_or_foreign_snapshot_means_a_full_load(tmp_path: Path) -> None:
     eng = Engine(root)
     try:
         assert eng.load_source == "files"
-        _same_as_files(eng)
+        assert_same_as_files(eng)
     finally:
         eng.close()
