@@ -13,6 +13,7 @@ from helpers import InProcessDaemon, assert_same_as_files, git, make_store, wait
 
 from clagd import writer
 from clagd.engine import Engine
+from clagd.errors import Conflict
 from clagd.inbox import Item
 from clagd.model import Cluster, Memory
 from clagd.store import Paths, write_cluster
@@ -143,3 +144,28 @@ def test_inbox_bursts_are_routed_once_the_inbox_is_quiet(tmp_path: Path, short_t
         d.stop()
     # a clean stop leaves nothing waiting and the store equal to HEAD
     assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
+
+
+def test_a_routed_batch_is_undone_route_commit_first(tmp_path: Path) -> None:
+    root = _store(tmp_path, route_inline_max=1, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        routed = eng.maybe_route(force=True)
+        assert routed is not None and routed["routed"] == 4
+        head = git(root, "rev-parse", "HEAD")
+        with pytest.raises(Conflict):
+            eng.revert(str(res.commit))  # the route pass changed the batch's file since
+        assert git(root, "rev-parse", "HEAD") == head
+        assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
+        eng.revert(str(routed["commit"]))
+        eng.revert(str(res.commit))
+        contents = {m.content for m, _a, _k in eng.state.all_memories()}
+        assert contents == set(SAILING) | {
+            f"{t} note {i}"
+            for t in ["piano scales practice", "garden tomato soil", "train ticket"]
+            for i in range(10)
+        }
+        assert_same_as_files(eng)
+    finally:
+        eng.close()
