@@ -3,7 +3,8 @@
 While the daemon runs, a writer thread keeps dropping memory files into the inbox (most
 written under a temporary name and renamed in, some written in place in two chunks), and a
 client thread keeps asking for `add`, `recluster` (backend none), `archive` and `revert` (of
-cluster, archive and thaw commits only, never of an ingest, so no memory may leave HEAD).
+cluster, route, archive and thaw commits only, never of an ingest, so no memory may leave
+HEAD).
 The daemon is killed with SIGKILL after a random delay, sometimes while it is still starting
 up, and restarted each time. At the end a clean run drains the inbox and stops, and the
 harness checks:
@@ -50,6 +51,15 @@ OVERRIDES = {
     # clusters go cold about a second after they are made, so `archive` moves something
     "archive": {"cold_after_days": 1e-5, "min_size": 0, "thaw_on_hit": True},
     "session": {"sample_size": 40},
+    # most batches go whole into an unsorted file and are routed by a route pass soon after
+    # (with a low bar for a match, as the random texts here rarely match strongly), so kills
+    # also land in route passes, and reverts pick route commits too
+    "ingest": {
+        "route_inline_max": 1,
+        "route_delay_seconds": 0.05,
+        "route_min_score": 1.0,
+        "route_margin": 0.1,
+    },
 }
 
 
@@ -187,7 +197,7 @@ class Requester(threading.Thread):
                         refs = [
                             e["commit"]
                             for e in entries
-                            if e["kind"] in ("cluster", "archive", "thaw")
+                            if e["kind"] in ("cluster", "archive", "thaw", "route")
                         ]
                         if refs:
                             c.call("revert", ref=self.rng.choice(refs))
