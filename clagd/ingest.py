@@ -81,16 +81,7 @@ def ingest_items(
     if res.deferred:
         shard = fresh
     else:
-        shard = []
-        for m, cid in zip(fresh, _targets(route, fresh)):
-            cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
-            if cluster is not None:
-                ctx.touch_cluster(cluster.id)
-                cluster.memories.append(m)
-                cluster.updated_at = stamp
-                res.routed[cluster.id] = res.routed.get(cluster.id, 0) + 1
-            else:
-                shard.append(m)
+        res.routed, shard = _route_into_clusters(ctx, fresh, route, blocked, stamp)
     if shard:
         name = new_shard_name()
         while name in ctx.state.unsorted:
@@ -122,13 +113,30 @@ def ingest_items(
     return res
 
 
-def _targets(
-    route: Callable[[list[Memory]], Sequence[str | None]], mems: list[Memory]
-) -> Sequence[str | None]:
+def _route_into_clusters(
+    ctx: WriteContext,
+    mems: list[Memory],
+    route: Callable[[list[Memory]], Sequence[str | None]],
+    blocked: set[str] | None,
+    stamp: str,
+) -> tuple[dict[str, int], list[Memory]]:
+    """Append each memory with a strong match to that cluster (never to a `blocked` one).
+    Returns how many went into each cluster, and the memories that stay unsorted."""
     targets = route(mems)
     if len(targets) != len(mems):
         raise ValueError(f"the router gave {len(targets)} answers for {len(mems)} memories")
-    return targets
+    per_cluster: dict[str, int] = {}
+    left: list[Memory] = []
+    for m, cid in zip(mems, targets):
+        cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
+        if cluster is None:
+            left.append(m)
+            continue
+        ctx.touch_cluster(cluster.id)  # before the state changes: a failure puts it back
+        cluster.memories.append(m)
+        cluster.updated_at = stamp
+        per_cluster[cluster.id] = per_cluster.get(cluster.id, 0) + 1
+    return per_cluster, left
 
 
 @dataclass
@@ -160,20 +168,10 @@ def route_shards(
     mems = [m for n in names for m in ctx.state.unsorted[n]]
     if not mems:
         return res
-    stamp = now_iso()
-    moved: set[str] = set()
-    per_cluster: dict[str, int] = {}
-    for m, cid in zip(mems, _targets(route, mems)):
-        cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
-        if cluster is None:
-            continue
-        ctx.touch_cluster(cluster.id)
-        cluster.memories.append(m)
-        cluster.updated_at = stamp
-        moved.add(m.id)
-        per_cluster[cluster.id] = per_cluster.get(cluster.id, 0) + 1
-    if not moved:
+    per_cluster, left = _route_into_clusters(ctx, mems, route, blocked, now_iso())
+    if not per_cluster:
         return res
+    moved = {m.id for m in mems} - {m.id for m in left}
     for n in names:
         if any(m.id in moved for m in ctx.state.unsorted[n]):
             ctx.touch_shard(n)
