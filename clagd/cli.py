@@ -237,14 +237,8 @@ def query(
 ) -> None:
     """Relevant memories for TEXT, as a context block."""
     with c.client() as cl:
-        res = cl.call(
-            "query",
-            text=text,
-            max_memories=max_memories,
-            token_budget=token_budget,
-            include_archive=include_archive or None,
-        )
-    _emit(res, as_json, res["context"] or "(no relevant memories)")
+        res = cl.query(text, max_memories, token_budget, include_archive)
+    _emit(res.raw, as_json, res.context or "(no relevant memories)")
 
 
 @main.command()
