@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from corpus import memories  # noqa: E402
 from helpers import InProcessDaemon, make_store, wait_for  # noqa: E402
 
-from clagd.engine import Engine  # noqa: E402
-from clagd.inbox import Item  # noqa: E402
+from clagd.engine.core import Engine  # noqa: E402
+from clagd.ingest.inbox import Item  # noqa: E402
 
 
 def bench_inbox(files: int, per_file: int, tmp: Path) -> dict:

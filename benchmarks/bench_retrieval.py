@@ -18,8 +18,8 @@ from datetime import datetime, timedelta, timezone
 from rank_bm25 import BM25Okapi
 
 from clagd.config import RetrievalConfig
-from clagd.index import Index
 from clagd.model import Cluster, Memory
+from clagd.retrieval.index import Index
 from clagd.text import tokenize
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

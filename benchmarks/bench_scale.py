@@ -39,7 +39,7 @@ from helpers import DaemonProcess, git, make_store, wait_for  # noqa: E402
 
 from clagd.client import Client  # noqa: E402
 from clagd.model import Cluster, Memory  # noqa: E402
-from clagd.store import Paths, write_cluster  # noqa: E402
+from clagd.store.files import Paths, write_cluster  # noqa: E402
 from clagd.text import tokenize  # noqa: E402
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

@@ -23,12 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from clagd.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from clagd.backends.ollama import OllamaBackend  # noqa: E402
 from clagd.config import load_config  # noqa: E402
-from clagd.engine import Engine  # noqa: E402
-from clagd.session import run_session  # noqa: E402
-from clagd.store import init_store  # noqa: E402
+from clagd.engine.core import Engine  # noqa: E402
+from clagd.organize.session import run_session  # noqa: E402
+from clagd.slm.llamacpp import LlamaCppBackend  # noqa: E402
+from clagd.slm.ollama import OllamaBackend  # noqa: E402
+from clagd.store.files import init_store  # noqa: E402
 
 LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo-dev.json"
 FALLBACK_TEXTS = [

@@ -1,3 +1,3 @@
-from .cli import main
+from clagd.cli import main
 
 main()

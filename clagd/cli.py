@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .client import Client, find_socket_path
-from .errors import ClagdError
+from clagd import __version__
+from clagd.client import Client, find_socket_path
+from clagd.errors import ClagdError
 
 
 class Ctx:
@@ -26,7 +26,7 @@ class Ctx:
     def socket_path(self) -> Path:
         if self.socket:
             return Path(self.socket)
-        from .config import load_config
+        from clagd.config import load_config
 
         try:
             configured = load_config(self.store).server.socket if self.store.exists() else ""
@@ -85,7 +85,7 @@ def main(ctx: click.Context, store: str | None, socket: str | None) -> None:
 @pass_ctx
 def init(c: Ctx, path: str | None) -> None:
     """Create a store (from store_template/) with its git repository."""
-    from .store import init_store
+    from clagd.store.files import init_store
 
     root, created = init_store(Path(path) if path else c.store)
     click.echo(f"{'created' if created else 'already a store:'} {root}")
@@ -97,10 +97,10 @@ def init(c: Ctx, path: str | None) -> None:
 @pass_ctx
 def run(c: Ctx, path: str | None, log_level: str) -> None:
     """Run the daemon over a store (created when missing)."""
-    from .daemon import Daemon
-    from .errors import ConfigError
-    from .logs import setup_logging
-    from .service import EX_CONFIG
+    from clagd.errors import ConfigError
+    from clagd.serve.daemon import Daemon
+    from clagd.serve.logs import setup_logging
+    from clagd.serve.units import EX_CONFIG
 
     setup_logging(log_level)
     try:
@@ -172,8 +172,8 @@ class Progress:
 @pass_ctx
 def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> None:
     """Bulk import memory files (the inbox formats; folders are walked) with progress."""
-    from .errors import InboxRejected
-    from .inbox import SUFFIXES, ignored_name, read_file
+    from clagd.errors import InboxRejected
+    from clagd.ingest.inbox import SUFFIXES, ignored_name, read_file
 
     files = []
     for p in map(Path, paths):
@@ -383,7 +383,7 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
 @click.option("--json", "as_json", is_flag=True)
 def locomo(file: str, ks: str, backend: str, as_json: bool) -> None:
     """Evidence recall of clagd vs flat BM25 and recency on a LoCoMo-format FILE."""
-    from .eval_locomo import eval_command
+    from clagd.eval.locomo import eval_command
 
     try:
         k_list = [int(k) for k in ks.split(",") if k.strip()]
@@ -401,7 +401,7 @@ def locomo(file: str, ks: str, backend: str, as_json: bool) -> None:
 @pass_ctx
 def export(c: Ctx, dest: str, fmt: str, as_json: bool) -> None:
     """Write the clusters as readable Markdown into DEST, one file per cluster."""
-    from .export import export_markdown
+    from clagd.store.export import export_markdown
 
     paths = export_markdown(c.store, Path(dest))
     _emit({"files": [str(p) for p in paths]}, as_json, f"wrote {len(paths)} file(s) to {dest}")
@@ -414,7 +414,7 @@ def export(c: Ctx, dest: str, fmt: str, as_json: bool) -> None:
 @pass_ctx
 def install_service(c: Ctx, user: bool, socket_activation: bool, dest: str | None) -> None:
     """Write systemd units for the store and print the command that enables them."""
-    from .service import install_service_command
+    from clagd.serve.units import install_service_command
 
     install_service_command(c.store, user, dest, click.echo, socket_activation=socket_activation)
 
@@ -424,7 +424,7 @@ def install_service(c: Ctx, user: bool, socket_activation: bool, dest: str | Non
 def mcp(c: Ctx) -> None:
     """Serve the store's memory as MCP tools over stdio (needs clagd[mcp])."""
     try:
-        from .mcp_server import run_mcp
+        from clagd.mcp_server import run_mcp
     except ImportError:
         raise click.ClickException(
             "the MCP server needs the official SDK: pip install 'clagd[mcp]'"

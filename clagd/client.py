@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import errors
+from clagd import errors
 
 __all__ = [
     "Client",

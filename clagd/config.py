@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from .errors import ConfigError
-from .yamlio import YamlError, load_yaml_file
+from clagd.errors import ConfigError
+from clagd.yamlio import YamlError, load_yaml_file
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .client import Client, ClientError, DaemonNotRunning, find_socket_path
+from clagd.client import Client, ClientError, DaemonNotRunning, find_socket_path
 
 try:  # mcp >= 2
     from mcp.server.mcpserver import MCPServer as _MCPServer

@@ -15,8 +15,8 @@ import yaml
 
 from clagd.client import Client
 from clagd.config import Config, load_config
-from clagd.daemon import Daemon
-from clagd.store import init_store, load_state
+from clagd.serve.daemon import Daemon
+from clagd.store.files import init_store, load_state
 
 FAST = {
     "backend": {"kind": "none", "recheck_seconds": 0},

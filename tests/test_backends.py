@@ -8,11 +8,11 @@ import socket
 import pytest
 from fake_ollama import FakeOllama, assigned_twice, delay, http_error, invalid_json
 
-from clagd.backends.base import schema_errors, select_backend
-from clagd.backends.llamacpp import LlamaCppBackend, _Worker, default_gguf, llama_cpp_installed
-from clagd.backends.ollama import OllamaBackend
 from clagd.config import Config, LlamaCppConfig, OllamaConfig
 from clagd.errors import BackendError
+from clagd.slm.base import schema_errors, select_backend
+from clagd.slm.llamacpp import LlamaCppBackend, _Worker, default_gguf, llama_cpp_installed
+from clagd.slm.ollama import OllamaBackend
 
 SCHEMA = {
     "type": "object",

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from helpers import head_contents
 
-from clagd.backends.llamacpp import LlamaCppBackend, default_gguf, llama_cpp_installed
-from clagd.engine import Engine
-from clagd.plan import check_invariants
-from clagd.session import run_session
-from clagd.store import load_state
+from clagd.engine.core import Engine
+from clagd.organize.plan import check_invariants
+from clagd.organize.session import run_session
+from clagd.slm.llamacpp import LlamaCppBackend, default_gguf, llama_cpp_installed
+from clagd.store.files import load_state
 
 pytestmark = [
     pytest.mark.slow,

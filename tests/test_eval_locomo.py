@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from clagd.eval_locomo import (
+from clagd.eval.locomo import (
     conversation_turns,
     eval_command,
     parse_evidence,

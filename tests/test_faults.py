@@ -19,7 +19,7 @@ import yaml
 from fake_ollama import FakeOllama, delay, http_error, invalid_json
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
-import clagd.watcher as watcher_mod
+import clagd.ingest.watcher as watcher_mod
 
 TEXTS = [
     "User is always cold in the evening",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from clagd.client import Client
 from clagd.errors import InboxRejected
-from clagd.inbox import SUFFIXES, Item, parse_text, read_file
+from clagd.ingest.inbox import SUFFIXES, Item, parse_text, read_file
 
 FUZZ = settings(
     max_examples=150,

@@ -10,7 +10,7 @@ import pytest
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
 from clagd.errors import InboxRejected
-from clagd.inbox import ignored_name, parse_text, read_file
+from clagd.ingest.inbox import ignored_name, parse_text, read_file
 
 
 def test_formats() -> None:
@@ -212,7 +212,7 @@ def test_start_up_takes_in_the_inbox_without_a_debounce(tmp_path: Path) -> None:
     """The first pass runs at once: an empty inbox does not hold start-up back, and files
     already there are taken in before the daemon serves, not a debounce later."""
     from clagd.config import load_config
-    from clagd.watcher import InboxWatcher
+    from clagd.ingest.watcher import InboxWatcher
 
     store = make_store(tmp_path / "memory", {"inbox": {"debounce_seconds": 60.0}})
     cfg = load_config(store).inbox

@@ -6,8 +6,8 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from clagd.config import Config, IngestConfig, RetrievalConfig
-from clagd.index import Index
 from clagd.model import Cluster, Memory
+from clagd.retrieval.index import Index
 from clagd.text import tokenize
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -542,7 +542,7 @@ def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
 
 
 def test_top_equals_a_stable_argsort():
-    from clagd.index import _top
+    from clagd.retrieval.index import _top
 
     rng = np.random.default_rng(5)
     for n, k in ((50, 4), (1000, 4), (1000, 8), (3, 4), (200, 1)):

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from helpers import make_store
 
-from clagd import loader
 from clagd.config import load_config
-from clagd.engine import Engine
+from clagd.engine import loader
+from clagd.engine.core import Engine
 from clagd.errors import StoreError
-from clagd.index import Index
 from clagd.model import Cluster, Memory
-from clagd.store import Paths, load_state, write_cluster, write_shard
+from clagd.retrieval.index import Index
+from clagd.store.files import Paths, load_state, write_cluster, write_shard
 
 TOPICS = [
     "boat sailing harbour wind",
@@ -148,7 +148,7 @@ def _rss_mb() -> float:
 
 
 def test_memory_freed_after_loading_goes_back_to_the_system() -> None:
-    from clagd.daemon import release_free_memory
+    from clagd.serve.daemon import release_free_memory
 
     blobs = [bytes(2000) for _ in range(100_000)]  # ~200 MB from malloc, as a load leaves
     pin = bytearray(3000)  # allocated last: the freed space is not at the top of the heap

@@ -2,7 +2,7 @@ from datetime import datetime, timedelta, timezone
 
 from clagd.config import SessionConfig
 from clagd.model import Cluster, Memory
-from clagd.organizer import organize, organize_all
+from clagd.organize.lexical import organize, organize_all
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=timezone.utc)
 

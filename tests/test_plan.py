@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clagd.backends.base import schema_errors
 from clagd.model import Cluster, Memory
-from clagd.plan import (
+from clagd.organize.plan import (
     Aliases,
     Plan,
     PlanCluster,
@@ -18,7 +17,8 @@ from clagd.plan import (
     size_policy,
     validate_plan,
 )
-from clagd.store import StoreState
+from clagd.slm.base import schema_errors
+from clagd.store.files import StoreState
 
 
 def mem(text: str, day: int = 1) -> Memory:

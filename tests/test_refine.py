@@ -8,11 +8,11 @@ import time
 import pytest
 from fake_ollama import FakeOllama, delay, invalid_json
 
-from clagd.backends.ollama import OllamaBackend
 from clagd.config import OllamaConfig, RetrievalConfig
-from clagd.index import Index
 from clagd.model import Cluster, Memory
-from clagd.refine import Refiner
+from clagd.retrieval.index import Index
+from clagd.retrieval.refine import Refiner
+from clagd.slm.ollama import OllamaBackend
 
 TOPICS = {
     "c-00000001": ("Hiking Trips", "hiking trail mountain boots"),
@@ -112,7 +112,7 @@ def test_few_candidates_need_no_model(fake: FakeOllama) -> None:
 def test_engine_query_uses_the_refiner(tmp_path, fake: FakeOllama) -> None:
     from helpers import make_store
 
-    from clagd.engine import Engine
+    from clagd.engine.core import Engine
 
     store = make_store(tmp_path / "s")
     eng = Engine(store)

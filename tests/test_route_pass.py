@@ -11,12 +11,12 @@ import pytest
 import yaml
 from helpers import InProcessDaemon, assert_same_as_files, git, make_store, wait_for
 
-from clagd import writer
-from clagd.engine import Engine
+from clagd.engine.core import Engine
 from clagd.errors import Conflict
-from clagd.inbox import Item
+from clagd.ingest.inbox import Item
 from clagd.model import Cluster, Memory
-from clagd.store import Paths, write_cluster
+from clagd.store import writer
+from clagd.store.files import Paths, write_cluster
 
 SAILING = [f"sailing the boat out of the harbour in a strong wind, trip {i}" for i in range(20)]
 NEW_SAILING = [

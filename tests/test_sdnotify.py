@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clagd import sdnotify
+from clagd.serve import sdnotify
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -189,7 +189,7 @@ def test_watchdog_treats_a_raising_check_as_unhealthy(caplog: pytest.LogCaptureF
 
 CHILD = r"""
 import json, os, sys
-from clagd import sdnotify
+from clagd.serve import sdnotify
 socks = sdnotify.listen_fds()
 info = {
     "n": len(socks),

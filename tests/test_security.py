@@ -15,7 +15,7 @@ from fake_ollama import FakeOllama, _plan
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
 from clagd.errors import InboxRejected
-from clagd.inbox import parse_text
+from clagd.ingest.inbox import parse_text
 
 
 def _files(root: Path) -> set[Path]:
@@ -68,7 +68,7 @@ def test_hand_edited_cluster_id_cannot_escape(sandbox: Path, short_tmp: Path, ci
 
 def test_shard_and_memory_ids_from_disk_are_checked(tmp_path: Path) -> None:
     from clagd.errors import StoreError
-    from clagd.store import load_state
+    from clagd.store.files import load_state
 
     store = make_store(tmp_path / "memory")
     (store / "unsorted" / "u-..%2f..%2fx.yaml").write_text("memories: []\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clagd.client import Client, default_socket_path
-from clagd.service import (
+from clagd.serve.units import (
     EX_CONFIG,
     install_service,
     install_service_command,

@@ -22,12 +22,12 @@ from fake_ollama import (
 )
 from helpers import git, head_contents
 
-import clagd.session as session_mod
-from clagd.backends.ollama import OllamaBackend
-from clagd.engine import Engine
-from clagd.plan import apply_plan
-from clagd.session import engine_session_runner, run_session
-from clagd.slm import BackendManager
+import clagd.organize.session as session_mod
+from clagd.engine.core import Engine
+from clagd.organize.plan import apply_plan
+from clagd.organize.session import engine_session_runner, run_session
+from clagd.slm.manager import BackendManager
+from clagd.slm.ollama import OllamaBackend
 
 TEXTS = [
     "User is always cold in the evening",

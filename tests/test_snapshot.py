@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 from helpers import assert_same_as_files, git, make_store
 
-from clagd.engine import Engine
-from clagd.inbox import Item
+from clagd.engine.core import Engine
+from clagd.ingest.inbox import Item
 
 
 def _add(eng: Engine, *texts: str) -> None:

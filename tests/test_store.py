@@ -10,8 +10,9 @@ from helpers import git
 from clagd.config import Config, load_config
 from clagd.errors import ConfigError, StoreError
 from clagd.model import Cluster, Memory, memory_id
-from clagd.store import Paths, init_store, load_state, template_dir, write_cluster
-from clagd.yamlio import YamlError, atomic_write_text, dumps, loads
+from clagd.store.durable import atomic_write_text
+from clagd.store.files import Paths, init_store, load_state, template_dir, write_cluster
+from clagd.yamlio import YamlError, dumps, loads
 
 
 def test_init_creates_layout_repo_and_first_commit(tmp_path: Path) -> None:
@@ -133,7 +134,7 @@ def test_store_files_stay_inside_the_store(tmp_path: Path) -> None:
 def test_cached_memory_fragments_write_exactly_what_a_full_dump_writes() -> None:
     import random
 
-    from clagd.store import _memories_yaml, cluster_yaml
+    from clagd.store.files import _memories_yaml, cluster_yaml
 
     rnd = random.Random(1)
     mems = [

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from helpers import git, make_store
 
-import clagd.writer as writer_mod
-from clagd.engine import Engine
-from clagd.inbox import Item
+import clagd.store.writer as writer_mod
+from clagd.engine.core import Engine
+from clagd.ingest.inbox import Item
 from clagd.model import Memory
-from clagd.store import load_state
+from clagd.store.files import load_state
 
 
 class Boom(RuntimeError):
@@ -37,7 +37,7 @@ def test_failed_operation_restores_only_what_it_touched(tmp_path: Path) -> None:
             ctx.touch_cluster(cid)
             ctx.state.clusters[cid].memories.append(Memory.new("half-applied memory"))
             ctx.state.clusters[cid].name = "Half applied"
-            from clagd.store import write_cluster
+            from clagd.store.files import write_cluster
 
             write_cluster(ctx.paths, ctx.state.clusters[cid])  # on disk, then a failure
             raise Boom("disk trouble")

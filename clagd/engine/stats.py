@@ -1,0 +1,84 @@
+"""Access statistics: runtime state that changes on every query, so it lives in
+`.clagd/stats.json` (git-ignored) and is saved periodically, never committed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from clagd.store.durable import atomic_write_text
+
+log = logging.getLogger("clagd.stats")
+
+
+class AccessStats:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self.memories: dict[str, list[float]] = {}  # id -> [access_count, last_accessed]
+        self.clusters: dict[str, list[float]] = {}
+        self._dirty = False
+        self.load()
+
+    def load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            self.memories = {
+                str(k): [float(v[0]), float(v[1])] for k, v in data.get("memories", {}).items()
+            }
+            self.clusters = {
+                str(k): [float(v[0]), float(v[1])] for k, v in data.get("clusters", {}).items()
+            }
+        except FileNotFoundError:
+            pass
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            log.warning("ignoring unreadable access statistics %s: %s", self.path, exc)
+
+    def record(
+        self, memory_ids: list[str], cluster_ids: list[str], when: float | None = None
+    ) -> None:
+        now = time.time() if when is None else when
+        with self._lock:
+            for key, table in ((memory_ids, self.memories), (cluster_ids, self.clusters)):
+                for k in key:
+                    entry = table.setdefault(k, [0.0, now])
+                    entry[0] += 1
+                    entry[1] = now
+            self._dirty = True
+
+    def touch_cluster(self, cid: str, when: float | None = None) -> None:
+        """Mark a cluster as used now without counting an access (e.g. just thawed)."""
+        now = time.time() if when is None else when
+        with self._lock:
+            entry = self.clusters.setdefault(cid, [0.0, now])
+            entry[1] = now
+            self._dirty = True
+
+    def cluster(self, cid: str) -> tuple[int, float | None]:
+        with self._lock:
+            e = self.clusters.get(cid)
+            return (int(e[0]), e[1]) if e else (0, None)
+
+    def memory(self, mid: str) -> tuple[int, float | None]:
+        with self._lock:
+            e = self.memories.get(mid)
+            return (int(e[0]), e[1]) if e else (0, None)
+
+    def most_accessed(self, n: int) -> list[str]:
+        with self._lock:
+            return [k for k, _ in sorted(self.memories.items(), key=lambda kv: -kv[1][0])[:n]]
+
+    def save(self) -> bool:
+        with self._lock:
+            if not self._dirty:
+                return False
+            data: dict[str, Any] = {"memories": self.memories, "clusters": self.clusters}
+            text = json.dumps(data, separators=(",", ":"))
+            self._dirty = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path, text)
+        return True

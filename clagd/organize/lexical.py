@@ -1,0 +1,360 @@
+"""The lexical organizer: clustering without a model (the `none` backend and the fallback).
+
+An agent's memories arrive as episodes: bursts of related memories close in time (a
+conversation, a task), separated by longer pauses. The organizer therefore clusters in two
+steps. First time: sorted by created_at, a gap longer than `episode_gap_minutes` starts a new
+episode. Then topic: an episode longer than `target_cluster_size` is split recursively where
+lexical cohesion between the memories before and after a point is lowest (TextTiling, Hearst
+1997). Episodes that continue an existing cluster (close in time, similar in words) join it;
+clusters larger than `max_cluster_size` are split; near-duplicate clusters (TF-IDF cosine of
+at least `merge_similarity`) are merged. Names are the cluster's most distinctive words.
+
+Retrieval profits from this shape: a query that matches one memory of an episode lifts the
+cluster, and with it the turns around the match that answer it in other words.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime, timezone
+
+from clagd.config import SessionConfig
+from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_time
+from clagd.organize.plan import Plan, PlanCluster
+from clagd.text import STOPWORDS, stem, tokenize, words
+
+Vec = dict[str, float]
+
+_WINDOW = 4  # memories on each side when measuring cohesion across a possible boundary
+_JOIN_SIMILARITY = 0.15  # an episode joins the cluster it continues only if this similar
+_NAME_WORDS = 3
+# words too common in conversation to name anything (stems, as the tokenizer gives them)
+_GENERIC = frozenset(
+    tokenize(
+        """first next last really currently tomorrow today yesterday tonight wait thanks thank
+        great good nice cool awesome amazing wow sure yes okay ok hey hi hello lot lots thing
+        things stuff something anything everything time times day days week weeks month
+        months year years always never ever still even much many way ways kind sort feel
+        feeling glad happy sound sounds look looks know think got get getting make made
+        going go went come came see seen saw said say tell told want wanted like love
+        definitely totally absolutely probably maybe actually pretty super well back new
+        old big little long keep kept take took mean means fun"""
+    )
+)
+
+
+def _ts(m: Memory) -> float:
+    dt = parse_time(m.created_at)
+    return dt.timestamp() if dt is not None else 0.0
+
+
+class _Corpus:
+    """Term counts and IDF over every memory the organizer can see."""
+
+    def __init__(self, memories: Iterable[Memory]) -> None:
+        self.tf: dict[str, Counter[str]] = {}
+        self.surface: dict[str, Counter[str]] = {}
+        df: Counter[str] = Counter()
+        for m in memories:
+            if m.id in self.tf:
+                continue
+            tf = Counter(tokenize(m.content))
+            self.tf[m.id] = tf
+            df.update(tf.keys())
+        self.n = max(1, len(self.tf))
+        self.idf = {t: math.log((1 + self.n) / (1 + d)) + 1.0 for t, d in df.items()}
+        self.df = df
+
+    def vec(self, mids: Iterable[str]) -> Vec:
+        total: Counter[str] = Counter()
+        for mid in mids:
+            total.update(self.tf.get(mid, ()))
+        v = {t: (1.0 + math.log(n)) * self.idf.get(t, 1.0) for t, n in total.items()}
+        norm = math.sqrt(sum(x * x for x in v.values())) or 1.0
+        return {t: x / norm for t, x in v.items()}
+
+    def surface_word(self, term: str, contents: Iterable[str]) -> str:
+        """The most frequent original word that stems to `term` (names read better)."""
+        counts = self.surface.get(term)
+        if counts is None:
+            counts = Counter(
+                w for c in contents for w in words(c) if w not in STOPWORDS and stem(w) == term
+            )
+            self.surface[term] = counts
+        return counts.most_common(1)[0][0] if counts else term
+
+
+def _cos(a: Vec, b: Vec) -> float:
+    if len(a) > len(b):
+        a, b = b, a
+    return sum(x * b.get(t, 0.0) for t, x in a.items())
+
+
+def _episodes(mems: list[Memory], gap_seconds: float) -> list[list[Memory]]:
+    out: list[list[Memory]] = []
+    last = None
+    for m in mems:
+        t = _ts(m)
+        if last is None or t - last > gap_seconds:
+            out.append([])
+        out[-1].append(m)
+        last = t
+    return out
+
+
+def _split(seq: list[Memory], target: int, min_size: int, corpus: _Corpus) -> list[list[Memory]]:
+    """Split at the lowest lexical cohesion until every piece is at most `target` long."""
+    if len(seq) <= target:
+        return [seq]
+    lo, hi = min_size, len(seq) - min_size
+    if lo > hi:
+        lo = hi = len(seq) // 2
+    best, best_i = math.inf, len(seq) // 2
+    mid = len(seq) / 2
+    for i in range(lo, hi + 1):
+        left = corpus.vec(m.id for m in seq[max(0, i - _WINDOW) : i])
+        right = corpus.vec(m.id for m in seq[i : i + _WINDOW])
+        # prefer balanced splits slightly when cohesion ties
+        c = _cos(left, right) + 0.01 * abs(i - mid) / len(seq)
+        if c < best:
+            best, best_i = c, i
+    return _split(seq[:best_i], target, min_size, corpus) + _split(
+        seq[best_i:], target, min_size, corpus
+    )
+
+
+def _segment(mems: list[Memory], cfg: SessionConfig, corpus: _Corpus) -> list[list[Memory]]:
+    target = max(1, min(cfg.target_cluster_size, cfg.max_cluster_size))
+    min_size = max(cfg.min_cluster_size, target // 3, 1)
+    pieces: list[list[Memory]] = []
+    for ep in _episodes(mems, cfg.episode_gap_minutes * 60.0):
+        pieces.extend(_split(ep, target, min_size, corpus))
+    return pieces
+
+
+class _Group:
+    """A cluster being planned: an existing cluster (ref = its id) or a new one."""
+
+    def __init__(self, ref: str, existing: Cluster | None = None) -> None:
+        self.ref = ref
+        self.existing = existing
+        self.members: list[Memory] = list(existing.memories) if existing else []
+        self.merge_from: list[str] = []
+
+    @property
+    def last_ts(self) -> float:
+        return max((_ts(m) for m in self.members), default=-math.inf)
+
+
+def organize(
+    memories: list[Memory],
+    clusters: list[Cluster],
+    cfg: SessionConfig | None = None,
+    now: str | None = None,
+) -> Plan:
+    """A plan for the sampled `memories` (unsorted ones and members of `clusters`)."""
+    cfg = cfg or SessionConfig()
+    now = now or now_iso()
+    sampled = {m.id: m for m in memories}
+    corpus = _Corpus([*memories, *(m for c in clusters for m in c.memories)])
+    home: dict[str, str] = {m.id: c.id for c in clusters for m in c.memories}
+    groups: dict[str, _Group] = {c.id: _Group(c.id, c) for c in clusters}
+    new_count = 0
+
+    def new_group() -> _Group:
+        nonlocal new_count
+        new_count += 1
+        g = _Group(f"new:{new_count}")
+        groups[g.ref] = g
+        return g
+
+    def move(m: Memory, dst: _Group) -> None:
+        src = home.get(m.id)
+        if src is not None and src in groups and src != dst.ref:
+            groups[src].members = [x for x in groups[src].members if x.id != m.id]
+        home[m.id] = dst.ref
+        if all(x.id != m.id for x in dst.members):
+            dst.members.append(m)
+
+    # 1. unsorted memories -> episodes -> continue an existing cluster, or a new one
+    loose = sorted((m for m in memories if m.id not in home), key=lambda m: (_ts(m), m.id))
+    gap = cfg.episode_gap_minutes * 60.0
+    for piece in _segment(loose, cfg, corpus):
+        target = None
+        first = _ts(piece[0])
+        pv = corpus.vec(m.id for m in piece)
+        best = _JOIN_SIMILARITY
+        for g in groups.values():
+            if not g.members or len(g.members) + len(piece) > cfg.target_cluster_size:
+                continue
+            if 0 <= first - g.last_ts <= gap:
+                sim = _cos(pv, corpus.vec(m.id for m in g.members))
+                if sim >= best:
+                    best, target = sim, g
+        dst = target or new_group()
+        for m in piece:
+            move(m, dst)
+
+    # 2. split clusters over the size limit (only sampled members can move)
+    for g in list(groups.values()):
+        if len(g.members) <= cfg.max_cluster_size:
+            continue
+        movable = sorted((m for m in g.members if m.id in sampled), key=lambda m: (_ts(m), m.id))
+        pieces = _split(movable, cfg.target_cluster_size, cfg.min_cluster_size, corpus)
+        for piece in pieces[1:]:
+            if len(g.members) <= cfg.max_cluster_size:
+                break
+            dst = new_group()
+            for m in piece:
+                move(m, dst)
+
+    # 3. merge near-duplicates
+    _merge(groups, corpus, cfg, move)
+
+    # 4. names, descriptions, tags; the plan
+    plan_clusters: list[PlanCluster] = []
+    taken: set[str] = set()
+    live = [g for g in groups.values() if g.members or g.merge_from]
+    for g in live:
+        if g.existing is not None and g.existing.name:
+            taken.add(g.existing.name.lower())
+    idf_rank = corpus
+    for g in live:
+        touched = g.existing is None or any(m.id in sampled for m in g.members) or g.merge_from
+        if not touched:
+            continue
+        if g.existing is not None and g.existing.name:
+            name, desc, tags = g.existing.name, g.existing.description, list(g.existing.tags)
+            if not desc or not tags:
+                _, d2, t2 = _describe(g.members, idf_rank, taken)
+                desc, tags = desc or d2, tags or t2
+        else:
+            name, desc, tags = _describe(g.members, idf_rank, taken)
+            taken.add(name.lower())
+        plan_clusters.append(PlanCluster(g.ref, name, desc, tags, list(g.merge_from)))
+    refs = {pc.ref for pc in plan_clusters}
+    assign = {mid: home[mid] for mid in sampled if home.get(mid) in refs}
+    # a sampled memory of an untouched cluster cannot exist (sampled => touched)
+    reason = (
+        f"lexical organizer: {len(sampled)} memories into {len(plan_clusters)} clusters "
+        f"({new_count} new) by time episodes and topic shifts"
+    )
+    return Plan(clusters=plan_clusters, assign=assign, conflicts=[], reason=reason)
+
+
+def _merge(groups: dict[str, _Group], corpus: _Corpus, cfg: SessionConfig, move) -> None:
+    """Merge clusters whose TF-IDF profiles are near-duplicates, within the size limit."""
+    live = [g for g in groups.values() if g.members]
+    vecs = {g.ref: corpus.vec(m.id for m in g.members) for g in live}
+    # candidate pairs share one of their top terms (avoids comparing every pair)
+    buckets: dict[str, list[str]] = {}
+    for ref, v in vecs.items():
+        for t in sorted(v, key=lambda t: -v[t])[:5]:
+            buckets.setdefault(t, []).append(ref)
+    pairs: set[tuple[str, str]] = set()
+    for refs in buckets.values():
+        for i, a in enumerate(refs[:50]):
+            for b in refs[i + 1 : 50]:
+                pairs.add((a, b) if a < b else (b, a))
+    scored = sorted(
+        ((_cos(vecs[a], vecs[b]), a, b) for a, b in pairs), key=lambda x: (-x[0], x[1], x[2])
+    )
+    gone: set[str] = set()
+    for sim, a, b in scored:
+        if sim < cfg.merge_similarity:
+            break
+        if a in gone or b in gone:
+            continue
+        ga, gb = groups[a], groups[b]
+        if len(ga.members) + len(gb.members) > cfg.max_cluster_size:
+            continue
+        # keep an existing cluster as the survivor when there is one
+        if ga.existing is None and gb.existing is not None:
+            ga, gb = gb, ga
+        if gb.existing is not None:
+            ga.members.extend(x for x in gb.members if x not in ga.members)
+            ga.merge_from.append(gb.ref)
+            ga.merge_from.extend(gb.merge_from)
+            gb.members = []
+        else:
+            for m in list(gb.members):
+                move(m, ga)
+        gone.add(gb.ref)
+
+
+def _describe(
+    members: list[Memory], corpus: _Corpus, taken: set[str]
+) -> tuple[str, str, list[str]]:
+    """Name (2-5 distinctive words, distinct from `taken`), one-sentence description, tags."""
+    cover: Counter[str] = Counter()
+    for m in members:
+        cover.update(corpus.tf.get(m.id, {}).keys())
+    # distinctive: in many of the members, rare in the store; numbers make poor names
+    shared = len(members) > 2
+    ranked = sorted(
+        (t for t in cover if not t.isdigit() and len(t) > 2 and t not in _GENERIC),
+        # words several members share make better names than one rare word
+        key=lambda t: (
+            -(cover[t] >= 2 if shared else 1),
+            -cover[t] * corpus.idf.get(t, 1.0) ** 2,
+            t,
+        ),
+    )
+    contents = [m.content for m in members]
+    surface = [corpus.surface_word(t, contents) for t in ranked[:8]]
+    picked = [w for w in dict.fromkeys(surface) if w]
+    for filler in ("misc", "notes"):
+        if len(picked) < 2 and filler not in picked:
+            picked.append(filler)
+    options = [picked[:n] for n in (_NAME_WORDS, 4, 5) if len(picked) >= n]
+    options += [[picked[0], w] for w in picked[1:]] + [picked[:2]]
+    name = ""
+    for ws in options:
+        cand = " ".join(w.capitalize() for w in ws)
+        if cand.lower() not in taken:
+            name = cand
+            break
+    k = 2
+    while not name or name.lower() in taken:
+        name = " ".join(w.capitalize() for w in picked[:3]) + f" {k}"
+        k += 1
+    tags = picked[:5]
+    when = _date_label(members)
+    about = ", ".join(picked[:3])
+    desc = f"{len(members)} memories about {about}" + (f", {when}." if when else ".")
+    return name, desc, tags
+
+
+def _date_label(members: list[Memory]) -> str:
+    times = sorted(_ts(m) for m in members if parse_time(m.created_at))
+    if not times:
+        return ""
+
+    def fmt(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%d %b %Y").lstrip("0")
+
+    a, b = fmt(times[0]), fmt(times[-1])
+    return a if a == b else f"{a} to {b}"
+
+
+def organize_all(
+    memories: list[Memory], cfg: SessionConfig | None = None, now: str | None = None
+) -> list[Cluster]:
+    """A full clustering pass over a whole store of unsorted memories (for eval and tools)."""
+    cfg = cfg or SessionConfig()
+    now = now or now_iso()
+    plan = organize(memories, [], cfg, now)
+    by_id = {m.id: m for m in memories}
+    out: list[Cluster] = []
+    for pc in plan.clusters:
+        mems = sorted(
+            (by_id[mid] for mid, ref in plan.assign.items() if ref == pc.ref),
+            key=lambda m: (_ts(m), m.id),
+        )
+        if mems:
+            out.append(
+                Cluster(new_cluster_id(), pc.name, pc.description, list(pc.tags), now, now, mems)
+            )
+    return out

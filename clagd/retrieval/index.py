@@ -1,0 +1,1148 @@
+"""Immutable BM25 index snapshots: cluster level, memory level, context formatting.
+
+Retrieval is two-level, as in CLAG: clusters are scored by BM25 over their profile (name,
+description, tags and the text of their members), the best `top_clusters` are chosen, and
+memories are scored inside them (the unsorted area is always searched). Memory-level IDF comes
+from the whole store, so a term that is common everywhere does not look rare inside one
+small cluster. A memory's final score is its normalized BM25 score plus cluster evidence
+(the normalized score of its cluster: cluster-based smoothing) plus, optionally, the evidence
+of its temporal neighbours inside the cluster (a reply to a matching turn is often the answer).
+
+BM25 is implemented here over an inverted index with numpy postings instead of rank-bm25:
+rank-bm25 cannot update incrementally, loops over every document per query term, raises on
+an empty corpus, and its IDF (`log((N - df + .5) / (df + .5))`, floored at a fraction of the
+mean) goes to zero or below on tiny corpora. The default IDF here is the Lucene form
+`log(1 + (N - df + .5) / (df + .5))`, always positive; `idf: okapi` gives rank-bm25's.
+
+A snapshot is never mutated after it is built: `apply()` returns a new snapshot that shares
+every unchanged array with the old one. Documents live in slots; removing a memory only
+clears its `alive` bit, adding appends slots and extends the postings of the terms it has.
+When dead slots outnumber live ones the snapshot is compacted (rebuilt from cached term
+counts, without re-tokenizing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from clagd.config import IngestConfig, RetrievalConfig
+from clagd.model import Cluster, Memory, parse_time
+from clagd.text import estimate_tokens, tokenize
+
+UNSORTED_NAME = "unsorted"
+# how many times a cluster's name, description and tags count in its profile, relative to
+# one occurrence in one member
+PROFILE_FIELD_WEIGHT = 2
+
+# queries remembered per snapshot (the hot cache; a new snapshot starts empty)
+HOT_CACHE_SIZE = 256
+
+_EMPTY_I = np.zeros(0, dtype=np.int32)
+_EMPTY_F = np.zeros(0, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Hit:
+    memory: Memory
+    cluster_id: str | None
+    cluster_name: str
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.memory.id,
+            "content": self.memory.content,
+            "cluster_id": self.cluster_id,
+            "cluster_name": self.cluster_name,
+            "score": round(float(self.score), 4),
+            "created_at": self.memory.created_at,
+            "metadata": dict(self.memory.metadata),
+        }
+
+
+@dataclass
+class SearchResult:
+    memories: list[Hit] = field(default_factory=list)
+    clusters: list[tuple[str, str, float]] = field(default_factory=list)
+    context: str = ""
+    tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The query result shape of the socket protocol (DESIGN.md)."""
+        return {
+            "memories": [h.to_dict() for h in self.memories],
+            "clusters": [
+                {"id": cid, "name": name, "score": round(float(score), 4)}
+                for cid, name, score in self.clusters
+            ],
+            "context": self.context,
+            "tokens": self.tokens,
+        }
+
+
+def idf(n_docs: int, df: np.ndarray | int, mode: str = "lucene") -> Any:
+    """BM25 IDF. `lucene` is always positive; `okapi` is rank-bm25's (before its floor)."""
+    if mode == "okapi":
+        return np.log((n_docs - df + 0.5) / (df + 0.5))
+    return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+
+
+def _epoch(created_at: str) -> float:
+    dt = parse_time(created_at)
+    return dt.timestamp() if dt is not None else math.nan
+
+
+def _chain_key(m: Memory, t: float) -> tuple[float, str]:
+    return (-math.inf if math.isnan(t) else t, m.id)
+
+
+def _importance(m: Memory) -> float:
+    try:
+        v = float(m.metadata.get("importance", 0.5))
+    except (TypeError, ValueError):
+        return 0.5
+    return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.5
+
+
+class _IdMap:
+    """memory id -> slot, persistent: a base dict that is never mutated plus a small overlay
+    (-1 = deleted) copied by each change. The overlay is folded into a new base when it
+    outgrows a quarter of the base, so a change costs O(overlay), amortized O(1) per id,
+    instead of a copy of the whole map per snapshot."""
+
+    __slots__ = ("base", "over", "size")
+
+    def __init__(
+        self, base: dict[str, int] | None = None, over: dict[str, int] | None = None, size: int = 0
+    ) -> None:
+        self.base = base if base is not None else {}
+        self.over = over if over is not None else {}
+        self.size = size
+
+    def get(self, key: str) -> int | None:
+        v = self.over.get(key)
+        if v is None:
+            return self.base.get(key)
+        return None if v < 0 else v
+
+    def __len__(self) -> int:
+        return self.size
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        over = self.over
+        for k, v in self.base.items():
+            if k not in over:
+                yield k, v
+        for k, v in over.items():
+            if v >= 0:
+                yield k, v
+
+    def updated(self, changes: dict[str, int]) -> _IdMap:
+        """A new map with `changes` (slot, or -1 to delete) applied."""
+        if not changes:
+            return self
+        over = dict(self.over)
+        size = self.size
+        for k, v in changes.items():
+            had = self.get(k) is not None
+            if v >= 0:
+                over[k] = v
+                size += not had
+            else:
+                if k in self.base:
+                    over[k] = -1
+                else:
+                    over.pop(k, None)
+                size -= had
+        if len(over) > max(4096, len(self.base) // 4):
+            base = dict(_IdMap(self.base, over).items())
+            return _IdMap(base, {}, len(base))
+        return _IdMap(self.base, over, size)
+
+
+class _Slots:
+    """An append-only sequence of memories (by slot) shared between snapshots: chunks of
+    fixed size; extending copies the list of chunks and the last chunk only. (Copying one
+    flat list of 100k objects costs ~10 ms: every reference count is touched.)"""
+
+    __slots__ = ("chunks", "size")
+    CHUNK = 4096
+
+    def __init__(self, chunks: list[list[Memory]] | None = None, size: int = 0) -> None:
+        self.chunks = chunks if chunks is not None else []
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, slot: int) -> Memory:
+        return self.chunks[slot >> 12][slot & 4095]
+
+    def extended(self, items: list[Memory]) -> _Slots:
+        if not items:
+            return self
+        chunks = list(self.chunks)
+        i = 0
+        if chunks and len(chunks[-1]) < self.CHUNK:
+            room = self.CHUNK - len(chunks[-1])
+            chunks[-1] = chunks[-1] + items[:room]
+            i = room
+        while i < len(items):
+            chunks.append(items[i : i + self.CHUNK])
+            i += self.CHUNK
+        return _Slots(chunks, self.size + len(items))
+
+
+class _Segment:
+    """Postings of a contiguous range of slots [start, stop), in CSR form over term ids:
+    inverted (term -> slots, tf) and forward (slot -> terms, tf). Immutable."""
+
+    __slots__ = ("start", "stop", "indptr", "slots", "tf", "fptr", "ftid", "ftf")
+
+    def __init__(self, start: int, stop: int, indptr, slots, tf, fptr, ftid, ftf) -> None:  # type: ignore[no-untyped-def]
+        self.start, self.stop = start, stop
+        self.indptr: np.ndarray = indptr
+        self.slots: np.ndarray = slots
+        self.tf: np.ndarray = tf
+        self.fptr: np.ndarray = fptr
+        self.ftid: np.ndarray = ftid
+        self.ftf: np.ndarray = ftf
+
+    @property
+    def nnz(self) -> int:
+        return len(self.slots)
+
+    def postings(self, tid: int) -> tuple[np.ndarray, np.ndarray] | None:
+        if tid + 1 >= len(self.indptr):
+            return None
+        a, b = int(self.indptr[tid]), int(self.indptr[tid + 1])
+        if a == b:
+            return None
+        return self.slots[a:b], self.tf[a:b]
+
+
+def _ptr(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _make_segment(
+    start: int, n_docs: int, doc: np.ndarray, tid: np.ndarray, w: np.ndarray, n_terms: int
+) -> _Segment:
+    """A segment of `n_docs` documents from (local doc, term id, weight) entries, in one
+    numpy pass: entries of the same (term, doc) are summed."""
+    n = max(n_docs, 1)
+    key = tid.astype(np.int64) * n + doc.astype(np.int64)
+    order = np.argsort(key)
+    ks = key[order]
+    if len(ks):
+        first = np.empty(len(ks), dtype=bool)
+        first[0] = True
+        np.not_equal(ks[1:], ks[:-1], out=first[1:])
+        runs = np.flatnonzero(first)
+        uk = ks[runs]
+        tf = np.add.reduceat(w[order], runs).astype(np.float32)
+    else:
+        uk, tf = ks, _EMPTY_F
+    t = uk // n
+    d = (uk - t * n).astype(np.int32)
+    indptr = _ptr(np.bincount(t, minlength=n_terms)[:n_terms])
+    forward = np.argsort(d, kind="stable")
+    fptr = _ptr(np.bincount(d, minlength=n_docs)[:n_docs])
+    return _Segment(
+        start,
+        start + n_docs,
+        indptr,
+        (d + start).astype(np.int32),
+        tf,
+        fptr,
+        t[forward].astype(np.int32),
+        tf[forward],
+    )
+
+
+def _merge(a: _Segment, b: _Segment, alive: np.ndarray, n_terms: int) -> _Segment:
+    """Two adjacent segments as one; postings of dead slots are dropped."""
+    tid = np.concatenate(
+        (
+            np.repeat(np.arange(len(a.indptr) - 1), np.diff(a.indptr)),
+            np.repeat(np.arange(len(b.indptr) - 1), np.diff(b.indptr)),
+        )
+    )
+    slots = np.concatenate((a.slots, b.slots))
+    tf = np.concatenate((a.tf, b.tf))
+    keep = alive[slots]
+    tid, slots, tf = tid[keep], slots[keep], tf[keep]
+    order = np.argsort(tid, kind="stable")  # two sorted runs: a linear merge
+    indptr = _ptr(np.bincount(tid, minlength=n_terms)[:n_terms])
+    fptr = np.concatenate((a.fptr, b.fptr[1:] + a.fptr[-1]))
+    return _Segment(
+        a.start,
+        b.stop,
+        indptr,
+        slots[order],
+        tf[order],
+        fptr,
+        np.concatenate((a.ftid, b.ftid)),
+        np.concatenate((a.ftf, b.ftf)),
+    )
+
+
+def _with_segment(
+    segs: tuple[_Segment, ...], new: _Segment | None, alive: np.ndarray, n_terms: int
+) -> tuple[_Segment, ...]:
+    """Append a segment, then merge the tail like a binary counter: a small segment merges
+    into its predecessor once it is half its size, so every posting is copied O(log n)
+    times and a query looks at O(log n) segments."""
+    if new is None:
+        return segs
+    out = [*segs, new]
+    while len(out) > 1 and (out[-1].nnz * 2 >= out[-2].nnz or len(out) > 16):
+        b = out.pop()
+        out[-1] = _merge(out[-1], b, alive, n_terms)
+    return tuple(out)
+
+
+@lru_cache(maxsize=65536)
+def _label_tokens(name: str) -> int:
+    """Estimated tokens of a context line's `[Memory · <name>]` prefix."""
+    return estimate_tokens(f"[Memory · {name}]")
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the `k` highest scores, highest first, ties by index: the same as
+    `np.argsort(-scores, kind="stable")[:k]` without sorting everything."""
+    if len(scores) > 4 * k:
+        kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+        cand = np.flatnonzero(scores >= kth)  # the top k and everything tied with the last
+        return cand[np.argsort(-scores[cand], kind="stable")][:k]
+    return np.argsort(-scores, kind="stable")[:k]
+
+
+def _forward(
+    segs: tuple[_Segment, ...], slots: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(position in `slots`, term id, tf) of every term of these slots."""
+    pos_l, tid_l, tf_l = [], [], []
+    for seg in segs:
+        m = (slots >= seg.start) & (slots < seg.stop)
+        if not m.any():
+            continue
+        pos = np.flatnonzero(m)
+        loc = slots[m] - seg.start
+        a = seg.fptr[loc]
+        lens = seg.fptr[loc + 1] - a
+        total = int(lens.sum())
+        if not total:
+            continue
+        offs = np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)
+        pos_l.append(np.repeat(pos, lens))
+        tid_l.append(seg.ftid[offs])
+        tf_l.append(seg.ftf[offs])
+    if not pos_l:
+        return _EMPTY_I, _EMPTY_I, _EMPTY_F
+    return np.concatenate(pos_l), np.concatenate(tid_l), np.concatenate(tf_l)
+
+
+class Index:
+    """One immutable snapshot of the store for retrieval; share it freely between threads."""
+
+    FORMAT = 2  # of the pickled form (the engine's start-up snapshot)
+
+    def __init__(self, cfg: Any = None, ingest: IngestConfig | None = None) -> None:
+        if cfg is not None and hasattr(cfg, "retrieval"):  # a whole Config
+            ingest = ingest or getattr(cfg, "ingest", None)
+            cfg = cfg.retrieval
+        self.cfg: RetrievalConfig = cfg or RetrievalConfig()
+        self.ingest: IngestConfig = ingest or IngestConfig()
+        self._format = self.FORMAT
+        # term -> id; append-only and shared by every snapshot of one lineage (an old
+        # snapshot ignores ids beyond its segments)
+        self._vocab: dict[str, int] = {}
+        # memory slots
+        self._mems = _Slots()
+        self._len = _EMPTY_F
+        self._alive = np.zeros(0, dtype=bool)
+        self._group = _EMPTY_I  # cluster slot, -1 = unsorted
+        self._unsorted = np.zeros(0, dtype=bool)
+        self._prev = _EMPTY_I  # temporal neighbours inside the cluster, -1 = none
+        self._next = _EMPTY_I
+        self._ts = np.zeros(0, dtype=np.float64)
+        self._imp = _EMPTY_F
+        self._tok = _EMPTY_I  # estimated tokens of each memory's content
+        self._dn = _EMPTY_F
+        self._c_dn = _EMPTY_F
+        self._segs: tuple[_Segment, ...] = ()
+        self._slot_of = _IdMap()
+        self._n_alive = 0
+        self._total_len = 0.0
+        # cluster slots
+        self._clusters: list[Cluster] = []
+        self._members: list[np.ndarray] = []
+        self._c_len = _EMPTY_F
+        self._c_alive = np.zeros(0, dtype=bool)
+        self._csegs: tuple[_Segment, ...] = ()
+        self._cslot_of: dict[str, int] = {}
+        self._c_total_len = 0.0
+        # superseded memory slot -> successor slot (both alive)
+        self._sup_old = _EMPTY_I
+        self._sup_new = _EMPTY_I
+        # derived: dead memory and cluster slots, live unsorted slots (see `_derive`)
+        self._dead = np.zeros(0, dtype=np.int64)
+        self._c_dead = np.zeros(0, dtype=np.int64)
+        self._uslots = np.zeros(0, dtype=np.int64)
+        self._cache: dict[tuple, SearchResult] = {}
+        self.cache_hits = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_cache"] = {}
+        for k in ("_dead", "_c_dead", "_uslots"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("_format") != self.FORMAT:
+            raise ValueError("index snapshot of an older format")
+        self.__dict__.update(state)
+        self._derive()
+
+    # ----------------------------------------------------------------- building
+    @classmethod
+    def build(
+        cls,
+        clusters: Mapping[str, Cluster] | Iterable[Cluster],
+        unsorted: Iterable[Memory],
+        cfg: Any = None,
+        ingest: IngestConfig | None = None,
+    ) -> Index:
+        values = clusters.values() if isinstance(clusters, Mapping) else clusters
+        return cls(cfg, ingest).apply(upsert_clusters=values, add_unsorted=unsorted)
+
+    def __len__(self) -> int:
+        return self._n_alive
+
+    @property
+    def n_clusters(self) -> int:
+        return len(self._cslot_of)
+
+    def cluster(self, cid: str) -> Cluster | None:
+        cs = self._cslot_of.get(cid)
+        return self._clusters[cs] if cs is not None else None
+
+    def memory_ids(self) -> set[str]:
+        return {mid for mid, _ in self._slot_of.items()}
+
+    def _tokens(self, text: str) -> list[str]:
+        return tokenize(text, stem=self.cfg.stemmer, stopwords=self.cfg.stopwords)
+
+    def _term_ids(self, text: str) -> list[int]:
+        """Query term ids (terms no memory has are dropped: they score nothing)."""
+        get = self._vocab.get
+        return [i for i in map(get, self._tokens(text)) if i is not None]
+
+    def apply(
+        self,
+        upsert_clusters: Iterable[Cluster] = (),
+        remove_clusters: Iterable[str] = (),
+        add_unsorted: Iterable[Memory] = (),
+        remove_unsorted: Iterable[str] = (),
+        terms: Mapping[str, np.ndarray] | None = None,
+    ) -> Index:
+        """A new snapshot with these changes; the work is proportional to what changed.
+
+        `terms` (memory id -> term ids in `self.vocab`, in text order) are memories already
+        tokenized with this index's settings (the start-up loader does that in parallel
+        processes); a memory not in it is tokenized here."""
+        if terms is None:
+            return self._apply(upsert_clusters, remove_clusters, add_unsorted, remove_unsorted)
+        vocab, tokens = self._vocab, self._tokens
+
+        def terms_of(m: Memory) -> tuple[np.ndarray, np.ndarray | None]:
+            got = terms.get(m.id)
+            if got is None:
+                got = np.asarray(
+                    [vocab.setdefault(t, len(vocab)) for t in tokens(m.content)], dtype=np.int32
+                )
+            return got, None
+
+        return self._apply(
+            upsert_clusters, remove_clusters, add_unsorted, remove_unsorted, terms_of
+        )
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """term -> id; it only grows, and the snapshots of one index share it."""
+        return self._vocab
+
+    def _apply(
+        self,
+        upsert_clusters: Iterable[Cluster],
+        remove_clusters: Iterable[str],
+        add_unsorted: Iterable[Memory],
+        remove_unsorted: Iterable[str],
+        terms_of: Callable[[Memory], tuple[np.ndarray, np.ndarray | None]] | None = None,
+    ) -> Index:
+        """`terms_of` gives a memory's term ids and their counts (None: each id counts once)
+        instead of tokenizing its text."""
+        upsert: dict[str, Cluster] = {c.id: c for c in upsert_clusters}
+        removed = [cid for cid in remove_clusters if cid not in upsert]
+        add_u = list(add_unsorted)
+        rm_u = list(remove_unsorted)
+        if not (upsert or removed or add_u or rm_u):
+            return self
+
+        new = Index.__new__(Index)
+        new.__dict__.update(self.__dict__)
+        new._cache = {}
+        new.cache_hits = 0
+        base, cbase = len(self._mems), len(self._clusters)
+        alive = self._alive.copy()
+        c_alive = self._c_alive.copy()
+        group = self._group.copy()
+        old_map = self._slot_of
+        changes: dict[str, int] = {}
+        cslot_of = dict(self._cslot_of)
+        n_alive, total_len = self._n_alive, self._total_len
+        c_total_len = self._c_total_len
+        # every memory that has a place after this change (the last place named wins)
+        claimed: set[str] = {m.id for c in upsert.values() for m in c.memories}
+        claimed.update(m.id for m in add_u)
+
+        def lookup(mid: str) -> int | None:
+            v = changes.get(mid)
+            if v is None:
+                return old_map.get(mid)
+            return None if v < 0 else v
+
+        new_mems: list[Memory] = []
+        new_len: list[float] = []
+        new_alive: list[bool] = []
+        new_group: list[int] = []
+
+        def kill(slot: int) -> None:
+            nonlocal n_alive, total_len
+            if slot >= base:
+                if new_alive[slot - base]:
+                    new_alive[slot - base] = False
+                    n_alive -= 1
+                    total_len -= new_len[slot - base]
+            elif alive[slot]:
+                alive[slot] = False
+                n_alive -= 1
+                total_len -= float(self._len[slot])
+            mid = (self._mems[slot] if slot < base else new_mems[slot - base]).id
+            if lookup(mid) == slot:
+                changes[mid] = -1
+
+        for cid in [*removed, *upsert]:
+            cs = cslot_of.pop(cid, None)
+            if cs is None:
+                continue
+            c_alive[cs] = False
+            c_total_len -= float(self._c_len[cs])
+            for slot in self._members[cs].tolist():
+                if alive[slot] and self._mems[slot].id not in claimed:
+                    kill(slot)
+        for mid in rm_u:
+            slot = old_map.get(mid)
+            if slot is not None and self._group[slot] < 0 and mid not in claimed:
+                kill(slot)
+
+        vocab = self._vocab
+        all_tids: list[int] = []
+        doc_terms: list[tuple[np.ndarray, np.ndarray | None]] = []
+        tokens = self._tokens
+        placed: set[str] = set()
+
+        def place(m: Memory, g: int) -> int:
+            nonlocal n_alive, total_len
+            slot = lookup(m.id)
+            if slot is not None:
+                if m.id in placed:  # named twice in one change: the later place wins
+                    kill(slot)
+                elif slot < base and (self._mems[slot] is m or self._mems[slot] == m):
+                    group[slot] = g  # unchanged memory: keep its slot (and postings)
+                    placed.add(m.id)
+                    return slot
+                else:
+                    kill(slot)
+            placed.add(m.id)
+            slot = base + len(new_mems)
+            new_mems.append(m)
+            new_alive.append(True)
+            new_group.append(g)
+            if terms_of is None:
+                ids = [vocab.setdefault(t, len(vocab)) for t in tokens(m.content)]
+                all_tids.extend(ids)
+                new_len.append(float(len(ids)))
+            else:
+                tid, tf = terms_of(m)
+                doc_terms.append((tid, tf))
+                new_len.append(float(len(tid) if tf is None else tf.sum()))
+            changes[m.id] = slot
+            n_alive += 1
+            total_len += new_len[-1]
+            return slot
+
+        chains: list[list[int]] = []
+        labels: list[list[int]] = []
+        epoch_of: dict[int, float] = {}  # parsed once for the chain order and the time array
+        for j, c in enumerate(upsert.values()):
+            cs = cbase + j
+            cslot_of[c.id] = cs
+            seen: set[str] = set()
+            chain: list[int] = []
+            for m in c.memories:
+                epoch_of[id(m)] = _epoch(m.created_at)
+            for m in sorted(c.memories, key=lambda m: _chain_key(m, epoch_of[id(m)])):
+                if m.id not in seen:
+                    seen.add(m.id)
+                    chain.append(place(m, cs))
+            chains.append(chain)
+            label = " ".join([c.name, c.description, *c.tags])
+            labels.append([vocab.setdefault(t, len(vocab)) for t in tokens(label)])
+        loose = [place(m, -1) for m in add_u]
+
+        k = len(new_mems)
+        n_terms = len(vocab)
+        new._alive = np.concatenate((alive, np.asarray(new_alive, dtype=bool)))
+        new._group = np.concatenate((group, np.asarray(new_group, dtype=np.int32)))
+        prev = np.concatenate((self._prev, np.full(k, -1, dtype=np.int32)))
+        nxt = np.concatenate((self._next, np.full(k, -1, dtype=np.int32)))
+        for chain in chains:
+            if chain:
+                sl = np.asarray(chain, dtype=np.int64)
+                prev[sl[0]] = -1
+                nxt[sl[-1]] = -1
+                prev[sl[1:]] = sl[:-1]
+                nxt[sl[:-1]] = sl[1:]
+        if loose:
+            sl = np.asarray(loose, dtype=np.int64)
+            prev[sl] = -1
+            nxt[sl] = -1
+        new._prev, new._next = prev, nxt
+        new._mems = self._mems.extended(new_mems)
+        new._len = np.concatenate((self._len, np.asarray(new_len, dtype=np.float32)))
+        new._ts = np.concatenate(
+            (
+                self._ts,
+                np.asarray(
+                    [
+                        epoch_of[id(m)] if id(m) in epoch_of else _epoch(m.created_at)
+                        for m in new_mems
+                    ],
+                    dtype=np.float64,
+                ),
+            )
+        )
+        new._imp = np.concatenate(
+            (self._imp, np.asarray([_importance(m) for m in new_mems], dtype=np.float32))
+        )
+        new._tok = np.concatenate(
+            (
+                self._tok,
+                np.asarray([estimate_tokens(m.content) for m in new_mems], dtype=np.int32),
+            )
+        )
+        seg = None
+        if k:
+            if terms_of is None:
+                lens = np.asarray(new_len, dtype=np.int64)
+                doc = np.repeat(np.arange(k, dtype=np.int64), lens)
+                tid = np.asarray(all_tids, dtype=np.int64)
+                w = np.ones(len(tid), dtype=np.float64)
+            else:
+                doc = np.repeat(np.arange(k), [len(t) for t, _ in doc_terms])
+                tid = np.concatenate([t for t, _ in doc_terms] or [_EMPTY_I])
+                if all(f is None for _, f in doc_terms):
+                    w = np.ones(len(tid), dtype=np.float64)
+                else:
+                    w = np.concatenate(
+                        [
+                            np.ones(len(t), dtype=np.float32) if f is None else f
+                            for t, f in doc_terms
+                        ]
+                        or [_EMPTY_F]
+                    ).astype(np.float64)
+            seg = _make_segment(base, k, doc, tid, w, n_terms)
+        new._segs = _with_segment(self._segs, seg, new._alive, n_terms)
+        new._slot_of = old_map.updated(changes)
+        new._n_alive = n_alive
+        new._total_len = total_len
+
+        # cluster profiles: the members' term counts (from the forward postings, never
+        # re-tokenized) plus the label terms, weighted
+        nc = len(upsert)
+        members = [np.asarray(ch, dtype=np.int32) for ch in chains]
+        cseg = None
+        c_lens: np.ndarray = np.zeros(nc, dtype=np.float64)
+        if nc:
+            all_members = np.concatenate(members) if members else _EMPTY_I
+            owner = np.repeat(np.arange(nc), [len(ch) for ch in chains])
+            pos, tid_m, tf_m = _forward(new._segs, all_members)
+            lab_doc = np.repeat(np.arange(nc), [len(lb) for lb in labels])
+            lab_tid = np.asarray([t for lb in labels for t in lb], dtype=np.int64)
+            cdoc = np.concatenate((owner[pos], lab_doc)).astype(np.int64)
+            ctid = np.concatenate((tid_m.astype(np.int64), lab_tid))
+            cw = np.concatenate(
+                (tf_m.astype(np.float64), np.full(len(lab_tid), float(PROFILE_FIELD_WEIGHT)))
+            )
+            c_lens = np.bincount(cdoc, weights=cw, minlength=nc)[:nc]
+            c_total_len += float(c_lens.sum())
+            cseg = _make_segment(cbase, nc, cdoc, ctid, cw, n_terms)
+        new._clusters = self._clusters + list(upsert.values())
+        new._members = self._members + members
+        new._c_len = np.concatenate((self._c_len, c_lens.astype(np.float32)))
+        new._c_alive = np.concatenate((c_alive, np.ones(nc, dtype=bool)))
+        new._csegs = _with_segment(self._csegs, cseg, new._c_alive, n_terms)
+        new._cslot_of = cslot_of
+        new._c_total_len = c_total_len
+        new._link_supersedes()
+        new._unsorted = new._group < 0
+        new._length_norms()
+        new._derive()
+
+        dead = len(new._mems) - new._n_alive
+        if dead > max(1024, new._n_alive):
+            return new._compacted()
+        return new
+
+    def _link_supersedes(self) -> None:
+        old: list[int] = []
+        newer: list[int] = []
+        for cs in self._cslot_of.values():
+            sup = self._clusters[cs].supersedes
+            if not sup:
+                continue
+            for new_mid, old_mid in sup.items():
+                a, b = self._slot_of.get(old_mid), self._slot_of.get(new_mid)
+                if a is not None and b is not None and a != b:
+                    old.append(a)
+                    newer.append(b)
+        self._sup_old = np.asarray(old, dtype=np.int32)
+        self._sup_new = np.asarray(newer, dtype=np.int32)
+
+    def _compacted(self) -> Index:
+        """A rebuild from the live memories, reusing their postings (no re-tokenizing)."""
+        live = sorted(slot for _, slot in self._slot_of.items())
+        slots = np.asarray(live, dtype=np.int32)
+        pos, tid, tf = _forward(self._segs, slots)
+        order = np.argsort(pos, kind="stable")
+        pos, tid, tf = pos[order], tid[order], tf[order]
+        bounds = np.searchsorted(pos, np.arange(len(live) + 1))
+        terms = {
+            self._mems[s].id: (tid[bounds[i] : bounds[i + 1]], tf[bounds[i] : bounds[i + 1]])
+            for i, s in enumerate(live)
+        }
+        clusters = [self._clusters[cs] for cs in self._cslot_of.values()]
+        unsorted = [self._mems[s] for s in live if self._group[s] < 0]
+        fresh = Index(self.cfg, self.ingest)
+        fresh._vocab = self._vocab
+
+        def terms_of(m: Memory) -> tuple[np.ndarray, np.ndarray]:
+            got = terms.get(m.id)
+            if got is None:  # not live (an inconsistent change): count it afresh
+                ids = [
+                    fresh._vocab.setdefault(t, len(fresh._vocab)) for t in self._tokens(m.content)
+                ]
+                return np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.float32)
+            return got
+
+        return fresh._apply(clusters, (), unsorted, (), terms_of)
+
+    # ------------------------------------------------------------------ scoring
+    def _term(
+        self,
+        tid: int,
+        segs: tuple[_Segment, ...],
+        alive: np.ndarray,
+        n_docs: int,
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], float] | None:
+        """The postings of one term in these segments and its BM25 weight (IDF * (k1 + 1)),
+        or None when no live document has it. Document frequencies count live slots only."""
+        parts = [p for p in (seg.postings(tid) for seg in segs) if p is not None]
+        if not parts:
+            return None
+        if n_docs == len(alive):
+            df = sum(len(sl) for sl, _ in parts)
+        else:
+            df = sum(int(np.count_nonzero(alive[sl])) for sl, _ in parts)
+        if df == 0:
+            return None
+        return parts, float(idf(n_docs, df, self.cfg.idf)) * (self.cfg.k1 + 1.0)
+
+    def _bm25(
+        self,
+        q: list[int],
+        segs: tuple[_Segment, ...],
+        alive: np.ndarray,
+        dn: np.ndarray,
+        n_docs: int,
+        dead: np.ndarray,
+        pad: int = 0,
+    ) -> np.ndarray:
+        """BM25 of every slot (plus `pad` zeros at the end); `dn` is
+        k1 * (1 - b + b * len / avgdl) per slot, `dead` the slots that are not alive. Only the postings of the query terms are
+        touched: the array is allocated zeroed and scattered into."""
+        scores = np.zeros(len(alive) + pad, dtype=np.float32)
+        if n_docs == 0:
+            return scores
+        all_alive = n_docs == len(alive)
+        for tid in q:
+            got = self._term(tid, segs, alive, n_docs)
+            if got is None:
+                continue
+            parts, w = got
+            for slots, tf in parts:
+                sl = slots.astype(np.intp)  # once, not per fancy index
+                x = dn.take(sl)
+                x += tf
+                y = w * tf
+                y /= x  # w * tf / (tf + dn): the same float32 steps as the plain expression
+                scores[sl] += y
+        if not all_alive:
+            scores[dead] = 0.0  # dead slots score nothing
+        return scores
+
+    def _derive(self) -> None:
+        """Slot lists derived from the arrays (not pickled: recomputed on load)."""
+        self._dead = np.flatnonzero(~self._alive)
+        self._c_dead = np.flatnonzero(~self._c_alive)
+        self._uslots = np.flatnonzero(self._unsorted & self._alive).astype(np.int64)
+
+    def _length_norms(self) -> None:
+        k1, b = self.cfg.k1, self.cfg.b
+        n = self._n_alive
+        avgdl = self._total_len / n if n and self._total_len > 0 else 1.0
+        self._dn = (k1 * (1.0 - b + b * self._len / avgdl)).astype(np.float32)
+        nc = len(self._cslot_of)
+        c_avg = self._c_total_len / nc if nc and self._c_total_len > 0 else 1.0
+        self._c_dn = (k1 * (1.0 - b + b * self._c_len / c_avg)).astype(np.float32)
+
+    def memory_scores(self, text: str) -> dict[str, float]:
+        """Plain BM25 of every live memory with global IDF (for tests and diagnostics)."""
+        s = self._mem_bm25(self._term_ids(text))
+        return {m: float(s[slot]) for m, slot in self._slot_of.items()}
+
+    def _mem_bm25(self, q: list[int]) -> np.ndarray:
+        return self._bm25(q, self._segs, self._alive, self._dn, self._n_alive, self._dead)
+
+    def _cluster_bm25(self, q: list[int]) -> np.ndarray:
+        return self._bm25(
+            q, self._csegs, self._c_alive, self._c_dn, len(self._cslot_of), self._c_dead
+        )
+
+    def _rank(
+        self,
+        words: list[str],
+        limit: int,
+        now: float | None,
+        only: Sequence[str] | None = None,
+    ) -> tuple[list[tuple[Hit, int]], list[tuple[str, str, float]]]:
+        get = self._vocab.get
+        q = [i for i in map(get, words) if i is not None]
+        if not q or self._n_alive == 0:
+            return [], []
+        cfg = self.cfg
+        n = len(self._alive)
+        # BM25 of every slot, plus one zero at index n: a neighbour link of -1 reads it
+        s = self._bm25(q, self._segs, self._alive, self._dn, self._n_alive, self._dead, pad=1)
+        smax = float(s[:n].max()) if n else 0.0
+        cs = self._cluster_bm25(q)
+        chosen: list[tuple[str, str, float]] = []
+        c_norm = np.zeros(len(cs) + 1, dtype=np.float32)  # last entry: unsorted (-1)
+        selected = np.zeros(len(cs) + 1, dtype=bool)
+        if only is not None:  # the caller (SLM refinement) chose the clusters
+            picked = [self._cslot_of[c] for c in dict.fromkeys(only) if c in self._cslot_of]
+            order = np.asarray(picked, dtype=np.int64)
+            if len(order):
+                cmax = float(cs[order].max())
+                if cmax > 0:
+                    c_norm[:-1] = np.maximum(cs / cmax, 0.0)
+                selected[order] = True
+                chosen = [
+                    (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
+                    for i in order.tolist()
+                ]
+        elif len(cs) and cfg.top_clusters > 0:
+            order = _top(cs, cfg.top_clusters)
+            order = order[cs[order] > 0]
+            if len(order):
+                cmax = float(cs[order[0]])
+                c_norm[:-1] = cs / cmax
+                selected[order] = True
+                chosen = [
+                    (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
+                    for i in order.tolist()
+                ]
+        if smax <= 0 and not chosen:
+            return [], []
+        # Only candidates are scored: the members of the chosen clusters, the unsorted
+        # memories with their own evidence, and both ends of every supersedes link (the
+        # successor's score bounds its predecessor's). Every other memory is not eligible,
+        # so the dense form over all slots gives the same result, element for element.
+        parts: list[np.ndarray] = [self._uslots[s[self._uslots] > 0]]
+        parts.extend(self._members[i] for i in np.flatnonzero(selected[:-1]).tolist())
+        if len(self._sup_old):
+            parts.extend((self._sup_old, self._sup_new))
+        cand = np.unique(np.concatenate(parts).astype(np.int64))
+        group = self._group[cand]
+        sc = s[cand]
+        sn = sc / smax if smax > 0 else sc
+        score = sn.copy()
+        if cfg.cluster_weight:
+            score += cfg.cluster_weight * c_norm[group]
+        # eligible: own lexical evidence, or a matching neighbour inside a chosen cluster
+        evidence = sc > 0
+        if cfg.neighbor_weight:
+            sp, sx = s[self._prev[cand]], s[self._next[cand]]
+            if smax > 0:
+                sp, sx = sp / smax, sx / smax
+            nb = np.maximum(sp, sx)
+            score += cfg.neighbor_weight * nb
+            evidence |= nb > 0
+        eligible = evidence & (self._unsorted[cand] | selected[group])
+        if self._n_alive != n:
+            eligible &= self._alive[cand]
+        if cfg.use_freshness:
+            score = score * self._quality(now, cand)
+        if len(self._sup_old):
+            old = np.searchsorted(cand, self._sup_old)
+            succ = np.searchsorted(cand, self._sup_new)
+            score[old] *= cfg.superseded_penalty
+            # a superseded memory ranks below its successor
+            score[old] = np.minimum(score[old], score[succ] * np.float32(0.999))
+        score = np.where(eligible & (score > 0), score, 0.0)
+        nz = np.flatnonzero(score)
+        if len(nz) > limit:  # the top `limit` and everything tied with the last of them
+            kth = np.partition(score[nz], len(nz) - limit)[len(nz) - limit]
+            nz = nz[score[nz] >= kth]
+        # ties broken by memory id, not by slot: the same store gives the same order
+        # however its snapshot was built
+        mems = self._mems
+        ranked = zip(cand[nz].tolist(), score[nz].tolist())
+        top = sorted(ranked, key=lambda p: (-p[1], mems[p[0]].id))[:limit]
+        hits = []
+        for slot, value in top:
+            g = int(self._group[slot])
+            c = self._clusters[g] if g >= 0 else None
+            name = (c.name or c.id) if c else UNSORTED_NAME
+            hit = Hit(self._mems[slot], c.id if c else None, name, value)
+            # conservative: the estimate of a joined context never exceeds the sum of these
+            cost = int(self._tok[slot]) + _label_tokens(name) + 1
+            hits.append((hit, cost))
+        return hits, chosen
+
+    def _quality(self, now: float | None, slots: np.ndarray) -> np.ndarray:
+        """Confidence (metadata importance) and freshness of these slots, as a multiplier
+        around 1."""
+        cfg = self.cfg
+        now = datetime.now(timezone.utc).timestamp() if now is None else now
+        age_days = np.maximum(0.0, (now - self._ts[slots]) / 86400.0)
+        fresh = np.where(
+            np.isnan(age_days), 0.5, 0.5 ** (age_days / max(cfg.freshness_half_life_days, 1e-9))
+        )
+        mult = (
+            1.0
+            + cfg.confidence_weight * (self._imp[slots] - 0.5)
+            + cfg.freshness_weight * (fresh - 0.5)
+        )
+        return np.maximum(mult, 0.0).astype(np.float32)
+
+    # ---------------------------------------------------------------- public API
+    def search(
+        self,
+        text: str,
+        max_memories: int | None = None,
+        token_budget: int | None = None,
+        archive: Index | None = None,
+        now: datetime | None = None,
+        clusters: Sequence[str] | None = None,
+    ) -> SearchResult:
+        """Top memories for `text`: ranked by score, deduplicated, cut to k and the budget.
+
+        `token_budget` None means the configured budget; 0 or less means no budget.
+        `archive` is another snapshot (the archived clusters) merged into the ranking.
+        `clusters` replaces the lexical cluster choice (ids of hot clusters; unknown ids
+        are ignored): the SLM refinement passes its pick here.
+
+        Results are cached per snapshot (see `HOT_CACHE_SIZE`): a snapshot never changes,
+        so a repeated query on it has the same answer; a new snapshot starts empty.
+        """
+        k = self.cfg.max_memories if max_memories is None else max_memories
+        budget = self.cfg.token_budget if token_budget is None else token_budget
+        if k <= 0:
+            return SearchResult()
+        cacheable = archive is None and now is None and not self.cfg.use_freshness
+        key = (text, k, budget, tuple(clusters) if clusters is not None else None)
+        if cacheable:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self.cache_hits += 1
+                return hit
+        q = self._tokens(text)
+        ts = now.timestamp() if now is not None else None
+        limit = k if budget <= 0 and archive is None else k * 3 + 8
+        hits, chosen = self._rank(q, limit, ts, clusters)
+        if archive is not None:
+            a_hits, a_chosen = archive._rank(q, limit, ts)
+            hits = sorted(hits + a_hits, key=lambda hc: -hc[0].score)
+            chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
+        out: list[Hit] = []
+        seen: set[str] = set()
+        used = 0
+        for h, cost in hits:
+            if h.memory.id in seen:
+                continue
+            if budget > 0 and used + cost > budget:
+                continue
+            seen.add(h.memory.id)
+            used += cost
+            out.append(h)
+            if len(out) >= k:
+                break
+        context = format_context(out)
+        res = SearchResult(out, chosen, context, estimate_tokens(context))
+        if cacheable:
+            self._remember(key, res)
+        return res
+
+    def _remember(self, key: tuple, res: SearchResult) -> None:
+        """Insert into the per-snapshot cache without a lock: dict operations are atomic
+        under the GIL; a race costs at most one extra eviction or a recomputation."""
+        cache = self._cache
+        cache[key] = res
+        while len(cache) > HOT_CACHE_SIZE:
+            try:
+                del cache[next(iter(cache))]
+            except (KeyError, RuntimeError, StopIteration):
+                break
+
+    def cluster_candidates(self, text: str, n: int) -> list[tuple[str, str, float]]:
+        """The `n` best hot clusters for `text` by profile BM25 (positive scores only):
+        the lexical pre-filter of the SLM refinement."""
+        get = self._vocab.get
+        q = [i for i in map(get, self._tokens(text)) if i is not None]
+        if not q or not self._cslot_of or n <= 0:
+            return []
+        cs = self._cluster_bm25(q)
+        order = _top(cs, n)
+        return [
+            (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
+            for i in order.tolist()
+            if cs[i] > 0
+        ]
+
+    def route(self, memory: Memory) -> str | None:
+        """The cluster a new memory clearly belongs to, or None (it goes to unsorted).
+
+        Clearly: the best cluster-profile BM25 score is at least `route_min_score` and beats
+        the runner-up by `route_margin`.
+        """
+        if not self._cslot_of:
+            return None
+        cs = self._cluster_bm25(self._term_ids(memory.content))
+        if not len(cs):
+            return None
+        top = np.argsort(-cs, kind="stable")[:2]
+        best = float(cs[top[0]])
+        second = float(cs[top[1]]) if len(top) > 1 else 0.0
+        if best >= self.ingest.route_min_score and best - second >= self.ingest.route_margin:
+            return self._clusters[int(top[0])].id
+        return None
+
+    # cells of the (memories x cluster slots) score matrix that route_many fills at a time
+    ROUTE_CELLS = 1 << 20
+
+    def route_many(self, memories: Sequence[Memory]) -> list[str | None]:
+        """`route` of each memory, in one pass for the whole batch (ingest).
+
+        The profile scores of a chunk of memories against all cluster slots are one dense
+        (memories x cluster slots) float32 matrix, and each distinct term of the chunk one
+        dense row of its BM25 contributions. Pass j adds the row of every memory's j-th term
+        at once, so a cell gets the same float32 additions in the same order as `route`'s
+        score vector (plus exact zeros), and the answers are equal.
+        """
+        out: list[str | None] = [None] * len(memories)
+        if not memories or not self._cslot_of:
+            return out
+        alive, segs, dn = self._c_alive, self._csegs, self._c_dn
+        n_docs, nc = len(self._cslot_of), len(self._c_alive)
+        term_of: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+        qs: list[list[int]] = []
+        for m in memories:
+            q = []
+            for tid in self._term_ids(m.content):
+                if tid not in term_of:
+                    got = self._term(tid, segs, alive, n_docs)
+                    if got is None:
+                        term_of[tid] = None
+                    else:
+                        parts, w = got
+                        cols = np.concatenate([sl for sl, _ in parts])
+                        vals = np.concatenate([w * tf / (tf + dn[sl]) for sl, tf in parts])
+                        term_of[tid] = (cols, vals)
+                if term_of[tid] is not None:
+                    q.append(tid)
+            qs.append(q)
+        dead = self._c_dead if n_docs != nc else None
+        min_score, margin = self.ingest.route_min_score, self.ingest.route_margin
+        rows = max(1, self.ROUTE_CELLS // nc)
+        for r0 in range(0, len(qs), rows):
+            chunk = qs[r0 : r0 + rows]
+            nr = len(chunk)
+            row_of: dict[int, int] = {}
+            for q in chunk:
+                for tid in q:
+                    row_of.setdefault(tid, len(row_of))
+            contrib = np.zeros((len(row_of), nc), dtype=np.float32)
+            for tid, r in row_of.items():
+                cols, vals = term_of[tid]  # type: ignore[misc]
+                contrib[r, cols] = vals
+            width = max((len(q) for q in chunk), default=0)
+            pos = np.full((nr, width), -1, dtype=np.int64)  # term row per (memory, position)
+            for i, q in enumerate(chunk):
+                pos[i, : len(q)] = [row_of[t] for t in q]
+            mat = np.zeros((nr, nc), dtype=np.float32)
+            for j in range(width):
+                rj = np.flatnonzero(pos[:, j] >= 0)
+                if len(rj) == nr:
+                    mat += contrib[pos[:, j]]
+                else:
+                    mat[rj] += contrib[pos[rj, j]]
+            if dead is not None:
+                mat[:, dead] = 0.0
+            best_col = np.argmax(mat, axis=1)  # the first of equal maxima, as a stable sort
+            ridx = np.arange(nr)
+            # compared in float64, as `route` does with Python floats
+            best = mat[ridx, best_col].astype(np.float64)
+            if nc > 1:
+                mat[ridx, best_col] = -np.inf
+                second = mat.max(axis=1).astype(np.float64)
+            else:
+                second = np.zeros(nr, dtype=np.float64)
+            ok = (best >= min_score) & (best - second >= margin)
+            for i in np.flatnonzero(ok).tolist():
+                out[r0 + i] = self._clusters[int(best_col[i])].id
+        return out
+
+
+def _line(h: Hit) -> str:
+    return f"[Memory · {h.cluster_name}] {h.memory.content}"
+
+
+def format_context(hits: list[Hit]) -> str:
+    """Hits grouped by cluster (groups in order of their best hit), one line per memory."""
+    groups: dict[str, list[Hit]] = {}
+    for h in hits:
+        groups.setdefault(h.cluster_id or "", []).append(h)
+    return "\n".join(_line(h) for g in groups.values() for h in g)

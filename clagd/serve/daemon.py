@@ -1,0 +1,267 @@
+"""`clagd run`: the composition root. It owns the store lock and wires the engine, the
+inbox watcher, the scheduler, the socket server and systemd notification together.
+
+Shutdown (SIGTERM/SIGINT): stop accepting, ingest what is complete in the inbox, let the
+writer finish and commit, remove the socket, release the lock, exit 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import gc
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from clagd.client import default_socket_path
+from clagd.config import Config, load_config
+from clagd.engine.core import Engine
+from clagd.errors import StoreLocked
+from clagd.ingest.watcher import InboxWatcher
+from clagd.organize.session import engine_session_runner
+from clagd.serve import sdnotify
+from clagd.serve.replicate import Replicator
+from clagd.serve.scheduler import Scheduler
+from clagd.serve.server import SocketServer, build_dispatcher
+from clagd.slm.manager import BackendManager
+from clagd.store.files import Paths, init_store
+
+log = logging.getLogger("clagd")
+
+
+def release_free_memory() -> bool:
+    """Give the heap left free by loading the store back to the system (glibc's
+    malloc_trim): parsing and indexing 100k memories leaves ~200 MB of freed but mapped
+    memory that would otherwise stay in the daemon's RSS for good. False where there is no
+    glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+class StoreLock:
+    """One daemon per store: an flock on `.clagd/lock`. The kernel drops it when the
+    process dies, so a lock left by a killed daemon never blocks a restart."""
+
+    def __init__(self, runtime: Path) -> None:
+        self.path = runtime / "lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                other = os.read(fd, 32).decode().strip()
+            except OSError:
+                other = "?"
+            os.close(fd)
+            raise StoreLocked(
+                f"another clagd daemon (pid {other or '?'}) is running on this store"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+
+class Daemon:
+    def __init__(
+        self, store: Path, socket_path: Path | None = None, config: Config | None = None
+    ) -> None:
+        self.store, created = init_store(Path(store))
+        if created:
+            log.info("created a new store in %s", self.store)
+        self.paths = Paths(self.store)
+        self.config = config or load_config(self.store)
+        configured = self.config.server.socket
+        self.socket_path = Path(socket_path or configured or default_socket_path(self.store))
+        if not self.socket_path.is_absolute():
+            self.socket_path = self.store / self.socket_path
+        self.lock = StoreLock(self.paths.runtime)
+        self.stop_event = threading.Event()
+        self.engine: Engine | None = None
+        self.server: SocketServer | None = None
+        self.watcher: InboxWatcher | None = None
+        self.scheduler: Scheduler | None = None
+        self.backends = BackendManager(self.config)
+        self.replicator: Replicator | None = None
+        self._server_thread: threading.Thread | None = None
+        self.watchdog: sdnotify.Watchdog | None = None
+
+    # -- start -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.lock.acquire()
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self) -> None:
+        sdnotify.status("loading the store")
+        eng = self.engine = Engine(self.store, self.config, start=True)
+        eng.backend_status = self.backends.status
+        eng.status_hooks["inbox"] = self._inbox_status
+        eng.session_runner = engine_session_runner(self.backends)
+        if self.config.retrieval.slm_refine:
+            from clagd.retrieval.refine import Refiner
+
+            eng.refiner = Refiner(self.backends.get, self.config.retrieval)
+            eng.status_hooks["refine"] = eng.refiner.status
+        # a store edited by hand while no daemon ran: validate and commit it now
+        eng.check_outside()
+        cfg = self.config
+        if cfg.replication.remote:
+            self.replicator = Replicator(
+                eng.git,
+                cfg.replication.remote,
+                cfg.replication.branch,
+                cfg.replication.retry_seconds,
+            )
+            eng.on_commit = self.replicator.notify
+            eng.status_hooks["replication"] = self.replicator.status
+            self.replicator.start()
+        inherited = sdnotify.listen_fds()
+        extra = {
+            "recluster": lambda p: self._recluster(p),
+        }
+        self.server = SocketServer(
+            None if inherited else self.socket_path,
+            build_dispatcher(eng, extra),
+            max_request_bytes=cfg.server.max_request_bytes,
+            read_timeout=cfg.server.read_timeout,
+            max_clients=cfg.server.max_clients,
+            inherited=inherited[0] if inherited else None,
+        )
+        if inherited and self.server.path is not None:
+            self.socket_path = self.server.path
+        self.watcher = InboxWatcher(
+            self.paths.inbox, cfg.inbox, lambda items, files: eng.ingest(items, "inbox", files)
+        )
+        self.scheduler = Scheduler(
+            session=lambda trigger: eng.recluster(trigger),
+            archive=lambda: eng.archive(),
+            housekeeping=self._housekeeping,
+            recheck_backend=self.backends.recheck,
+            session_minutes=cfg.session.interval_minutes,
+            archive_hours=cfg.archive.interval_hours,
+            housekeeping_seconds=max(0.5, cfg.inbox.rescan_seconds),
+            backend_seconds=cfg.backend.recheck_seconds,
+        )
+        eng.on_threshold = self.scheduler.trigger_session
+        # the start-up scan happens in the watcher's first pass, before READY=1
+        self.watcher.start()
+        self.watcher.wait_backlog(60)
+        self.scheduler.start()
+        self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
+        self._server_thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="clagd-server",
+            daemon=True,
+        )
+        self._server_thread.start()
+        self.watchdog = sdnotify.Watchdog(self.healthy).start()
+        n = len(eng.index)
+        # The loaded store is a large, long-lived heap: keep the cyclic GC from rescanning it
+        # (a full collection over 100k memories is a query-latency spike).
+        gc.collect()
+        gc.freeze()
+        release_free_memory()
+        log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
+        sdnotify.ready(f"serving {n} memories")
+
+    def _inbox_status(self) -> dict[str, Any]:
+        w = self.watcher
+        if w is None:
+            return {}
+        return {
+            "observer": w.observer_kind,
+            "files_ingested": w.files_ingested,
+            "files_rejected": w.files_rejected,
+            "failures": w.failures,
+            "last_error": w.last_error,
+        }
+
+    def healthy(self) -> bool:
+        return bool(
+            self.engine is not None
+            and self.engine.writer.alive()
+            and self.watcher is not None
+            and self.watcher.alive()
+            and self.scheduler is not None
+            and self.scheduler.alive()
+            and self._server_thread is not None
+            and self._server_thread.is_alive()
+        )
+
+    def _housekeeping(self) -> None:
+        eng = self.engine
+        if eng is None:
+            return
+        eng.check_outside()
+        eng.maybe_route(wait=False)  # queued on the writer; a failure is logged and retried
+        eng.stats.save()
+        eng.maybe_snapshot()
+        sdnotify.status(
+            f"{len(eng.index)} memories, {eng.counters['queries']} queries, "
+            f"{eng.counters['sessions']} sessions"
+        )
+
+    def _recluster(self, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.engine is not None and self.scheduler is not None
+        if params.get("wait", True) is False:
+            self.scheduler.trigger_session("manual")
+            return {"status": "scheduled"}
+        return self.engine.recluster("manual", backend=params.get("backend"))
+
+    # -- run / stop -------------------------------------------------------------------
+    def request_stop(self, *_args: Any) -> None:
+        self.stop_event.set()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self.start()
+        try:
+            while not self.stop_event.wait(1.0):
+                pass
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        sdnotify.stopping("shutting down")
+        log.info("shutting down")
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.server is not None:
+            self.server.shutdown() if self._server_thread is not None else None
+            self.server.server_close()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.watcher is not None:
+            self.watcher.stop()  # ingests what is complete, then stops
+        if self.engine is not None:
+            self.engine.close()  # the writer drains its queue and commits
+        if self.replicator is not None:
+            self.replicator.stop()
+        self.backends.close()
+        self.lock.release()
+        log.info("stopped")

@@ -1,0 +1,79 @@
+"""Optional replication: `git push` to a configured remote after commits, in the background.
+A failed push is retried and reported; it never blocks the writer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from clagd.store.gitrepo import GitStore
+
+log = logging.getLogger("clagd.replicate")
+
+
+class Replicator:
+    def __init__(self, git: GitStore, remote: str, branch: str, retry_seconds: float) -> None:
+        self.git = git
+        self.remote = remote
+        self.branch = branch
+        self.retry_seconds = retry_seconds
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="clagd-push", daemon=True)
+        self.pushed: str | None = None
+        self.pushes = 0
+        self.failures = 0
+        self.last_error = ""
+        self.last_attempt: float | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        self._wake.set()
+
+    def notify(self, _commit: str | None = None) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            woke = self._wake.wait(self.retry_seconds)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            head = self.git.head()
+            if head is None or (head == self.pushed and woke is False):
+                continue
+            if head == self.pushed:
+                continue
+            self.last_attempt = time.time()
+            try:
+                self.git.push(self.remote, self.branch)
+            except Exception as exc:  # noqa: BLE001
+                self.failures += 1
+                self.last_error = " ".join(str(getattr(exc, "stderr", exc)).split())[:500]
+                log.error(
+                    "push to %s failed (retrying in %ss): %s",
+                    self.remote,
+                    self.retry_seconds,
+                    self.last_error,
+                )
+                continue
+            self.pushed = head
+            self.pushes += 1
+            self.last_error = ""
+            log.info("pushed %s to %s", head[:10], self.remote)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "remote": self.remote,
+            "pushed": self.pushed,
+            "pushes": self.pushes,
+            "failures": self.failures,
+            "last_error": self.last_error,
+        }

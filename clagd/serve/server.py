@@ -1,0 +1,292 @@
+"""The Unix socket server: JSON lines, one request per line, one reply per line.
+
+Each connection gets a thread. The peer's uid is checked with SO_PEERCRED; requests are
+limited in size; an idle or too slow client is dropped after the read timeout. A bad
+request gets an error reply; nothing a client sends can stop the server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from clagd.client import prepare_socket_dir
+from clagd.errors import BadRequest, ClagdError, StoreError
+
+log = logging.getLogger("clagd.server")
+
+Handler = Callable[[dict[str, Any]], Any]
+
+
+class Dispatcher:
+    """Maps ops to callables taking the request's parameters."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, Handler] = {}
+
+    def op(self, name: str, fn: Handler) -> None:
+        self.ops[name] = fn
+
+    def handle(self, req: Any) -> dict[str, Any]:
+        rid = req.get("id") if isinstance(req, dict) else None
+        try:
+            if not isinstance(req, dict):
+                raise BadRequest("a request must be a JSON object")
+            op = req.get("op")
+            if not isinstance(op, str):
+                raise BadRequest("a request needs 'op' (a string)")
+            fn = self.ops.get(op)
+            if fn is None:
+                raise ClagdError(
+                    f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}", "unknown_op"
+                )
+            params = {k: v for k, v in req.items() if k not in ("id", "op") and v is not None}
+            return {"id": rid, "ok": True, "result": fn(params)}
+        except ClagdError as exc:
+            return {"id": rid, "ok": False, "error": {"code": exc.code, "message": str(exc)}}
+        except TypeError as exc:  # wrong parameter names or types
+            return {"id": rid, "ok": False, "error": {"code": "bad_request", "message": str(exc)}}
+        except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection thread
+            log.exception("op %r failed", req.get("op"))
+            return {
+                "id": rid,
+                "ok": False,
+                "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"},
+            }
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class _ConnHandler(socketserver.StreamRequestHandler):
+    server: SocketServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.request.settimeout(self.server.read_timeout)
+
+    def _send(self, obj: dict[str, Any]) -> bool:
+        try:
+            self.wfile.write(json.dumps(obj, ensure_ascii=False, default=str).encode() + b"\n")
+            self.wfile.flush()
+            return True
+        except OSError:
+            return False
+
+    def _linger(self) -> None:
+        """Close so that a reply just sent is read: closing a Unix socket with the client's
+        request still unread resets the connection, and the client sees ECONNRESET instead
+        of the reply. Half-close, then discard what the client sent (briefly, bounded)."""
+        try:
+            self.wfile.flush()
+            self.request.shutdown(socket.SHUT_WR)
+            self.request.settimeout(0.5)
+            budget = 8 << 20
+            while budget > 0:
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    break
+                budget -= len(chunk)
+        except OSError:
+            pass
+
+    def handle(self) -> None:
+        srv = self.server
+        uid = peer_uid(self.request)
+        if uid is not None and uid not in srv.allowed_uids:
+            log.warning("refused a client of uid %s", uid)
+            self._send(
+                {
+                    "id": None,
+                    "ok": False,
+                    "error": {"code": "forbidden", "message": f"uid {uid} may not use this daemon"},
+                }
+            )
+            self._linger()
+            return
+        with srv.count_lock:
+            srv.active += 1
+            over = srv.active > srv.max_clients
+        try:
+            if over:
+                self._send(
+                    {
+                        "id": None,
+                        "ok": False,
+                        "error": {"code": "busy", "message": "too many clients; try again"},
+                    }
+                )
+                self._linger()
+                return
+            self._serve()
+        finally:
+            with srv.count_lock:
+                srv.active -= 1
+
+    def _serve(self) -> None:
+        limit = self.server.max_request_bytes
+        while not self.server.closing:
+            try:
+                line = self.rfile.readline(limit + 1)
+            except TimeoutError:
+                return
+            except OSError:
+                return
+            if not line:
+                return
+            if len(line) > limit and not line.endswith(b"\n"):
+                self._send(
+                    {
+                        "id": None,
+                        "ok": False,
+                        "error": {"code": "too_large", "message": f"request over {limit} bytes"},
+                    }
+                )
+                self._linger()
+                return  # the rest of the line cannot be resynchronised
+            if not line.strip():
+                continue
+            try:
+                req = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                if not self._send(
+                    {
+                        "id": None,
+                        "ok": False,
+                        "error": {"code": "bad_json", "message": f"not JSON: {exc}"},
+                    }
+                ):
+                    return
+                continue
+            if not self._send(self.server.dispatcher.handle(req)):
+                return
+
+
+class SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+    request_queue_size = 512  # connect() fails with EAGAIN when the backlog is full
+
+    def __init__(
+        self,
+        path: Path | None,
+        dispatcher: Dispatcher,
+        max_request_bytes: int = 1_048_576,
+        read_timeout: float = 30.0,
+        max_clients: int = 256,
+        inherited: socket.socket | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.max_request_bytes = max_request_bytes
+        self.read_timeout = read_timeout
+        self.max_clients = max_clients
+        self.allowed_uids = {os.getuid()}
+        self.active = 0
+        self.count_lock = threading.Lock()
+        self.closing = False
+        self.owns_path = inherited is None
+        if inherited is not None:
+            socketserver.BaseServer.__init__(self, "", _ConnHandler)
+            self.socket = inherited
+            self.server_address = inherited.getsockname()
+            self.path = (
+                Path(self.server_address)
+                if isinstance(self.server_address, str) and self.server_address
+                else None
+            )
+            return
+        assert path is not None
+        self.path = Path(path)
+        if len(os.fsencode(str(self.path))) > 107:
+            raise StoreError(
+                f"socket path too long for AF_UNIX ({len(str(self.path))} bytes): {self.path}"
+            )
+        prepare_socket_dir(self.path)
+        _remove_stale(self.path)
+        old = os.umask(0o177)
+        try:
+            super().__init__(str(self.path), _ConnHandler)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+
+    def server_close(self) -> None:
+        self.closing = True
+        super().server_close()
+        if self.owns_path and self.path is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _remove_stale(path: Path) -> None:
+    """A socket file left by a killed daemon is removed; a live one is an error."""
+    if not os.path.lexists(path):
+        return
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+    except OSError:
+        os.unlink(path)
+        log.info("removed a stale socket %s", path)
+        return
+    finally:
+        s.close()
+    raise StoreError(f"another daemon is serving on {path}")
+
+
+def build_dispatcher(engine: Any, extra: dict[str, Handler] | None = None) -> Dispatcher:
+    d = Dispatcher()
+    d.op("ping", lambda p: {"pong": True, "pid": os.getpid(), "store": str(engine.root)})
+    d.op("status", lambda p: engine.status())
+    d.op("add", lambda p: engine.add(_items(p)))
+    d.op(
+        "query",
+        lambda p: engine.query(
+            _str(p, "text"),
+            max_memories=p.get("max_memories"),
+            token_budget=p.get("token_budget"),
+            include_archive=bool(p.get("include_archive", False)),
+        ),
+    )
+    d.op(
+        "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
+    )
+    d.op("log", lambda p: engine.log(p.get("n", 20)))
+    d.op("revert", lambda p: engine.revert(_str(p, "ref")))
+    d.op("archive", lambda p: engine.archive(dry_run=bool(p.get("dry_run", False))))
+    d.op("round", lambda p: engine.round(p.get("n", 1)))
+    for name, fn in (extra or {}).items():
+        d.op(name, fn)
+    return d
+
+
+def _str(p: dict[str, Any], key: str) -> str:
+    v = p.get(key)
+    if not isinstance(v, str):
+        raise BadRequest(f"'{key}' must be a string")
+    return v
+
+
+def _items(p: dict[str, Any]) -> list[Any]:
+    if "items" in p:
+        return p["items"] if isinstance(p["items"], list) else [p["items"]]
+    if "content" in p:
+        return [{k: v for k, v in p.items() if k in ("content", "metadata", "created_at")}]
+    raise BadRequest("'add' needs 'content' or 'items'")

@@ -1,0 +1,422 @@
+"""systemd unit files for clagd: rendered for one store (`clagd install-service`) or generic.
+
+A wheel cannot install units, so `install_service` writes them where systemd looks
+(`~/.config/systemd/user/` or `/etc/systemd/system/`) and returns the `systemctl` command to
+run next. The generic units shipped in `systemd/` come from the same renderer
+(`python -m clagd.service --write-static systemd/`), so both stay in step.
+
+Hardening notes, kept here because they decide what a unit may contain:
+- `RestrictAddressFamilies` allows AF_INET/AF_INET6 because the `ollama` backend speaks HTTP
+  (and replication may push over the network); with backend `none` or `llamacpp` and no
+  remote, AF_UNIX alone is enough.
+- `MemoryDenyWriteExecute` is off by default: llama.cpp, and libffi closures in ctypes on
+  some systems, need memory that is writable and then executable. Turn it on
+  (`deny_write_execute=True`) for the `ollama`/`none` backends.
+- `ProtectHome=read-only` plus `ReadWritePaths=<store>` lets a store live in a home directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from clagd.client import default_socket_path
+from clagd.errors import ClagdError
+
+__all__ = [
+    "EX_CONFIG",
+    "default_exe",
+    "install_service",
+    "install_service_command",
+    "render_static_units",
+    "render_unit",
+    "unit_name",
+]
+
+EX_CONFIG = 78  # sysexits.h; the daemon exits with it on a bad config: no restart loop
+WATCHDOG_SEC = 60
+_UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9:_.-]+")
+
+
+# --------------------------------------------------------------------------- quoting
+
+
+def _escape(value: str) -> str:
+    """A literal for a unit file: no specifier (%) expansion, no newlines."""
+    if "\n" in value or "\r" in value:
+        raise ClagdError(
+            f"a path in a unit file cannot contain a newline: {value!r}", "bad_request"
+        )
+    return value.replace("%", "%%")
+
+
+def _quote(value: str, dollar: bool = True) -> str:
+    """One ExecStart= (or, with dollar=False, Environment=/ReadWritePaths=) word.
+
+    ExecStart= expands `$VAR`, so a literal `$` is `$$` there; the other settings do not.
+    """
+    value = _escape(value).replace("\\", "\\\\").replace('"', '\\"')
+    if dollar:
+        value = value.replace("$", "$$")
+    return f'"{value}"' if re.search(r'[\s"\'\\;]', value) or not value else value
+
+
+def _path_list_item(value: str) -> str:
+    return _quote(value, dollar=False)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def unit_name(store: str | os.PathLike[str]) -> str:
+    """`clagd-<store directory name>`: the unit name of a store's daemon."""
+    base = _UNSAFE_NAME_RE.sub("-", Path(store).expanduser().resolve().name).strip("-.")
+    return f"clagd-{base or 'store'}"
+
+
+def default_exe() -> list[str]:
+    """How systemd should start clagd: the `clagd` script of this installation if there is
+    one (a venv's `bin/`, or PATH), else this interpreter with `-m clagd`."""
+    beside = Path(sys.executable).with_name("clagd")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    found = shutil.which("clagd")
+    if found:
+        return [str(Path(found).resolve())]
+    return [sys.executable, "-m", "clagd"]
+
+
+def _service(
+    *,
+    description: str,
+    exec_start: str,
+    store: str,
+    socket_env: str,  # the Environment= value setting CLAGD_SOCKET, already quoted
+    user: bool,
+    socket_unit: str | None,
+    extra_service: Sequence[str] = (),
+    protect_home: str = "read-only",
+    deny_write_execute: bool = False,
+    watchdog_sec: int = WATCHDOG_SEC,
+) -> str:
+    unit = ["# How to install and run: docs/service.md in the clagd sources.", "[Unit]"]
+    unit.append(f"Description={description}")
+    if socket_unit:
+        unit += [f"Requires={socket_unit}", f"After={socket_unit}"]
+    if not user:
+        unit += ["After=network.target"]
+    svc = [
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"ExecStart={exec_start}",
+        f"Environment={socket_env}",
+        "Environment=PYTHONUNBUFFERED=1",
+        *extra_service,
+        f"WatchdogSec={watchdog_sec}",
+        "TimeoutStartSec=300",
+        "TimeoutStopSec=60",
+        "Restart=on-failure",
+        "RestartSec=2",
+        f"RestartPreventExitStatus={EX_CONFIG}",
+        "KillSignal=SIGTERM",
+        "KillMode=mixed",
+        "UMask=0077",
+        "",
+        "# Hardening (see docs/service.md)",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        f"ProtectHome={protect_home}",
+        f"ReadWritePaths={store}",
+        "PrivateTmp=yes",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+        "LockPersonality=yes",
+        "RestrictRealtime=yes",
+        "RestrictSUIDSGID=yes",
+        "SystemCallArchitectures=native",
+    ]
+    if not user:
+        svc += [
+            "PrivateDevices=yes",
+            "ProtectKernelTunables=yes",
+            "ProtectKernelModules=yes",
+            "ProtectKernelLogs=yes",
+            "ProtectControlGroups=yes",
+            "ProtectClock=yes",
+            "ProtectHostname=yes",
+            "RestrictNamespaces=yes",
+            "CapabilityBoundingSet=",
+            "SystemCallFilter=@system-service",
+        ]
+    if deny_write_execute:
+        svc.append("MemoryDenyWriteExecute=yes")
+    else:
+        svc.append("# MemoryDenyWriteExecute=yes breaks llama.cpp (the llamacpp backend); safe")
+        svc.append("# with the ollama and none backends.")
+    install = ["", "[Install]", f"WantedBy={'default.target' if user else 'multi-user.target'}"]
+    return "\n".join(unit + svc + install) + "\n"
+
+
+def _socket(*, description: str, listen: str, user: bool, socket_user: str | None = None) -> str:
+    lines = ["[Unit]", f"Description={description}", "", "[Socket]", f"ListenStream={listen}"]
+    if user or not socket_user:
+        lines += ["SocketMode=0600", "DirectoryMode=0700"]
+    else:
+        lines += [
+            f"SocketUser={socket_user}",
+            f"SocketGroup={socket_user}",
+            "SocketMode=0660",
+            "DirectoryMode=0755",
+        ]
+    lines += ["Accept=no", "", "[Install]", "WantedBy=sockets.target"]
+    return "\n".join(lines) + "\n"
+
+
+def render_unit(
+    store: str | os.PathLike[str],
+    user: bool = True,
+    socket_activation: bool = False,
+    exe: str | Sequence[str] | None = None,
+    *,
+    name: str | None = None,
+    socket_path: str | os.PathLike[str] | None = None,
+    service_user: str = "clagd",
+    deny_write_execute: bool = False,
+    watchdog_sec: int = WATCHDOG_SEC,
+) -> dict[str, str]:
+    """Unit files (file name -> text) that run one daemon for `store`.
+
+    User units bind the store's default socket (what `clagd --store` finds on its own);
+    system units run as `service_user` and listen on `/run/clagd/<name>.sock` (group
+    `service_user` may connect). `exe` is the command that starts clagd (a path, or a list
+    such as `[python, "-m", "clagd"]`); default `default_exe()`.
+    """
+    root = Path(store).expanduser().resolve()
+    name = name or unit_name(root)
+    argv = [exe] if isinstance(exe, str) else list(exe or default_exe())
+    if socket_path is None:
+        if user:
+            runtime = f"/run/user/{os.getuid()}"
+            env = {"XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR") or runtime}
+            socket_path = default_socket_path(root, env)
+        else:
+            socket_path = Path("/run/clagd") / f"{name.removeprefix('clagd-')}.sock"
+    sock = str(socket_path)
+    # systemd does not expand $ in the program path, only in the arguments
+    exec_start = " ".join([_quote(argv[0], dollar=False), *(_quote(a) for a in argv[1:])])
+    exec_start += " run " + _quote(str(root))
+    store_rw = _path_list_item(str(root))
+    extra: list[str] = []
+    sock_dir = str(Path(sock).parent)
+    runtime_root = (
+        (os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") if user else "/run"
+    )
+    if Path(sock).is_relative_to(root):
+        pass  # inside the store: writable through ReadWritePaths
+    elif Path(sock_dir).is_relative_to(runtime_root) and sock_dir != runtime_root:
+        # Created before the sandbox is set up, writable inside it, and kept across restarts
+        # (a socket unit may own the socket inside it).
+        rel = str(Path(sock_dir).relative_to(runtime_root))
+        extra += [
+            f"RuntimeDirectory={_path_list_item(rel)}",
+            "RuntimeDirectoryMode=0700" if user else "RuntimeDirectoryMode=0750",
+            "RuntimeDirectoryPreserve=yes",
+        ]
+    else:
+        store_rw += " -" + _path_list_item(sock_dir)
+    if not user:
+        extra = [f"User={service_user}", f"Group={service_user}", *extra]
+        if root.is_relative_to("/var/lib") and root != Path("/var/lib"):
+            extra.append(f"StateDirectory={_path_list_item(str(root.relative_to('/var/lib')))}")
+            extra.append("StateDirectoryMode=0700")
+    in_home = root.is_relative_to("/home") or root.is_relative_to("/root")
+    where = "user" if user else "system"
+    units = {
+        f"{name}.service": _service(
+            description=f"clagd memory daemon for {_escape(str(root))} ({where})",
+            exec_start=exec_start,
+            store=store_rw,
+            socket_env=_quote("CLAGD_SOCKET=" + sock, dollar=False),
+            user=user,
+            socket_unit=f"{name}.socket" if socket_activation else None,
+            extra_service=extra,
+            protect_home="read-only" if (user or in_home) else "yes",
+            deny_write_execute=deny_write_execute,
+            watchdog_sec=watchdog_sec,
+        )
+    }
+    if socket_activation:
+        units[f"{name}.socket"] = _socket(
+            description=f"clagd socket for {_escape(str(root))}",
+            listen=_escape(sock),  # the rest of the line is the path: no quoting
+            user=user,
+            socket_user=None if user else service_user,
+        )
+    return units
+
+
+def render_static_units(
+    exe_user: str = "%h/.local/bin/clagd", exe_system: str = "/usr/local/bin/clagd"
+) -> dict[str, str]:
+    """The generic units of `systemd/` (relative path -> text), written with specifiers."""
+    user_store = "%h/.local/share/clagd/memory"
+    tmpl_store = "%h/.local/share/clagd/%i"
+    sys_store = "/var/lib/clagd/%i"
+    out: dict[str, str] = {}
+    user_runtime = [
+        "RuntimeDirectory=clagd",
+        "RuntimeDirectoryMode=0700",
+        "RuntimeDirectoryPreserve=yes",
+    ]
+    for fname, store, sock, desc in (
+        ("clagd.service", user_store, "%t/clagd/clagd.sock", "clagd memory daemon"),
+        ("clagd@.service", tmpl_store, "%t/clagd/%i.sock", "clagd memory daemon for store %i"),
+    ):
+        out[f"user/{fname}"] = _service(
+            description=desc,
+            exec_start=f"{exe_user} run {store}",
+            store=store,
+            socket_env=f"CLAGD_SOCKET={sock}",
+            user=True,
+            socket_unit=None,
+            extra_service=[
+                # create the store's directory outside the sandbox (ReadWritePaths needs it)
+                f"ExecStartPre=+/bin/mkdir -p {store}",
+                *user_runtime,
+            ],
+        )
+        out[f"user/{fname.replace('.service', '.socket')}"] = _socket(
+            description=desc.replace("daemon", "daemon socket"), listen=sock, user=True
+        )
+    out["system/clagd@.service"] = _service(
+        description="clagd memory daemon for store %i (system)",
+        exec_start=f"{exe_system} run {sys_store}",
+        store=sys_store,
+        socket_env="CLAGD_SOCKET=/run/clagd/%i.sock",
+        user=False,
+        socket_unit=None,
+        extra_service=[
+            "User=clagd",
+            "Group=clagd",
+            "StateDirectory=clagd/%i",
+            "StateDirectoryMode=0700",
+            "RuntimeDirectory=clagd",
+            "RuntimeDirectoryMode=0750",
+            "RuntimeDirectoryPreserve=yes",
+        ],
+        protect_home="yes",
+    )
+    out["system/clagd@.socket"] = _socket(
+        description="clagd memory daemon socket for store %i (system)",
+        listen="/run/clagd/%i.sock",
+        user=False,
+        socket_user="clagd",
+    )
+    out["system/clagd.sysusers.conf"] = (
+        "# systemd-sysusers(8): the account the system units run as.\n"
+        "# Install to /etc/sysusers.d/clagd.conf, then: systemd-sysusers\n"
+        'u clagd - "clagd memory daemon" /var/lib/clagd /usr/sbin/nologin\n'
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- installing
+
+
+def _user_unit_dir() -> Path:
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "systemd" / "user"
+
+
+def install_service(
+    store: str | os.PathLike[str],
+    user: bool = True,
+    dest: str | os.PathLike[str] | None = None,
+    *,
+    socket_activation: bool = False,
+    exe: str | Sequence[str] | None = None,
+    name: str | None = None,
+) -> tuple[list[Path], str]:
+    """Write the units for `store`; return (files written, the command to run next).
+
+    The store directory is created when missing (an empty directory: `clagd run` fills it)
+    because the sandbox needs `ReadWritePaths=` to exist.
+    """
+    root = Path(store).expanduser().resolve()
+    units = render_unit(root, user=user, socket_activation=socket_activation, exe=exe, name=name)
+    target = (
+        Path(dest)
+        if dest is not None
+        else (_user_unit_dir() if user else Path("/etc/systemd/system"))
+    )
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        if user:
+            root.mkdir(parents=True, exist_ok=True)
+        written = []
+        for fname, text in units.items():
+            path = target / fname
+            tmp = path.with_name(f".{fname}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+            written.append(path)
+    except OSError as exc:
+        raise ClagdError(
+            f"cannot write units to {target}: {exc.strerror or exc}", "install"
+        ) from None
+    main = next(f for f in units if f.endswith(".socket" if socket_activation else ".service"))
+    ctl = "systemctl --user" if user else "sudo systemctl"
+    command = f"{ctl} daemon-reload && {ctl} enable --now {main}"
+    return written, command
+
+
+def install_service_command(
+    store: str | os.PathLike[str],
+    user: bool = True,
+    dest: str | os.PathLike[str] | None = None,
+    print_fn: Callable[[str], object] = print,
+    *,
+    socket_activation: bool = False,
+    exe: str | Sequence[str] | None = None,
+    name: str | None = None,
+) -> list[Path]:
+    """What `clagd install-service` does: write the units, then print what to run next."""
+    written, command = install_service(
+        store, user=user, dest=dest, socket_activation=socket_activation, exe=exe, name=name
+    )
+    for path in written:
+        print_fn(f"wrote {path}")
+    print_fn("next:")
+    print_fn(f"  {command}")
+    if user:
+        print_fn('  loginctl enable-linger "$USER"   # optional: keep it running after logout')
+    else:
+        print_fn(
+            "  (the units run as user 'clagd': create it first, see systemd/system/clagd.sysusers.conf)"
+        )
+    return written
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clagd.service")
+    parser.add_argument("--write-static", metavar="DIR", help="regenerate the generic units in DIR")
+    args = parser.parse_args(argv)
+    if not args.write_static:
+        parser.print_help()
+        return 2
+    for rel, text in render_static_units().items():
+        path = Path(args.write_static) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,369 @@
+"""The store: a git repository of YAML cluster files, and its in-memory state.
+
+`StoreState` is the writer's view of the working tree. Only the writer thread mutates it;
+readers use index snapshots instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+from clagd.errors import StoreError
+from clagd.model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id
+from clagd.store.durable import atomic_write_text
+from clagd.yamlio import YamlError, dumps, load_yaml_file
+
+CLUSTERS = "clusters"
+ARCHIVE = "archive"
+UNSORTED = "unsorted"
+PROMPTS = "prompts"
+INBOX = "inbox"
+RUNTIME = ".clagd"
+SHARD_PREFIX = "u-"
+
+
+def template_dir() -> Path:
+    """store_template/: packaged as `clagd.store_template` in a wheel; beside the package in
+    a source checkout (where `clagd` is imported from the work tree)."""
+    try:
+        return Path(str(resources.files("clagd.store_template")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "store_template"
+
+
+def new_shard_name() -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{SHARD_PREFIX}{stamp}-{secrets.token_hex(3)}"
+
+
+def valid_shard_name(name: str) -> bool:
+    return (
+        name.startswith(SHARD_PREFIX)
+        and len(name) < 80
+        and all(c.isalnum() or c in "-_" for c in name)
+    )
+
+
+@dataclass
+class Paths:
+    root: Path
+
+    @property
+    def clusters(self) -> Path:
+        return self.root / CLUSTERS
+
+    @property
+    def archive(self) -> Path:
+        return self.root / ARCHIVE
+
+    @property
+    def unsorted(self) -> Path:
+        return self.root / UNSORTED
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / PROMPTS
+
+    @property
+    def inbox(self) -> Path:
+        return self.root / INBOX
+
+    @property
+    def rejected(self) -> Path:
+        return self.root / INBOX / "rejected"
+
+    @property
+    def runtime(self) -> Path:
+        return self.root / RUNTIME
+
+    def cluster_file(self, cid: str, archived: bool = False) -> Path:
+        if not CLUSTER_ID_RE.match(cid):
+            raise StoreError(f"invalid cluster id {cid!r}")
+        return (self.archive if archived else self.clusters) / f"{cid}.yaml"
+
+    def shard_file(self, name: str) -> Path:
+        if not valid_shard_name(name):
+            raise StoreError(f"invalid unsorted shard name {name!r}")
+        return self.unsorted / f"{name}.yaml"
+
+    def ensure_dirs(self) -> None:
+        for d in (self.clusters, self.archive, self.unsorted, self.prompts):
+            d.mkdir(parents=True, exist_ok=True)
+        for d in (self.inbox, self.rejected, self.inbox / ".tmp"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.runtime, 0o700)
+
+
+def is_store(path: Path) -> bool:
+    return (Path(path) / "clagd.yaml").is_file() and (Path(path) / ".git").exists()
+
+
+def copy_template(dest: Path) -> None:
+    """Copy store_template/ into dest without overwriting anything already there."""
+    src = template_dir()
+    for item in src.rglob("*"):
+        rel = item.relative_to(src)
+        if rel.parts[0] == "__pycache__" or item.name in ("__init__.py",):
+            continue
+        target = dest / rel
+        if item.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(item, target)
+
+
+@dataclass
+class StoreState:
+    """Every memory of the store, where it lives, and the files that hold it."""
+
+    clusters: dict[str, Cluster] = field(default_factory=dict)
+    archived: dict[str, Cluster] = field(default_factory=dict)
+    unsorted: dict[str, list[Memory]] = field(default_factory=dict)
+
+    def all_memories(self) -> Iterator[tuple[Memory, str, str]]:
+        for cid, c in self.clusters.items():
+            for m in c.memories:
+                yield m, "cluster", cid
+        for cid, c in self.archived.items():
+            for m in c.memories:
+                yield m, "archive", cid
+        for shard, mems in self.unsorted.items():
+            for m in mems:
+                yield m, "unsorted", shard
+
+    def locate(self, mid: str) -> tuple[str, str] | None:
+        for m, area, key in self.all_memories():
+            if m.id == mid:
+                return area, key
+        return None
+
+    def memory(self, mid: str) -> Memory | None:
+        for m, _area, _key in self.all_memories():
+            if m.id == mid:
+                return m
+        return None
+
+    def memory_ids(self) -> set[str]:
+        return {m.id for m, _a, _k in self.all_memories()}
+
+    def content_keys(self) -> set[str]:
+        """Ids and content hashes of every memory: what makes a new memory a duplicate."""
+        keys: set[str] = set()
+        for m, _a, _k in self.all_memories():
+            keys.add(m.id)
+            keys.add(memory_id(m.content))
+        return keys
+
+    def unsorted_memories(self) -> list[Memory]:
+        return [m for mems in self.unsorted.values() for m in mems]
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "clusters": len(self.clusters),
+            "archived_clusters": len(self.archived),
+            "memories": sum(len(c.memories) for c in self.clusters.values()),
+            "archived_memories": sum(len(c.memories) for c in self.archived.values()),
+            "unsorted": sum(len(v) for v in self.unsorted.values()),
+        }
+
+
+def _check_memory(m: Memory, where: str, seen: dict[str, str], errors: list[str]) -> None:
+    if not MEMORY_ID_RE.match(m.id):
+        errors.append(f"{where}: invalid memory id {m.id!r}")
+    elif m.id in seen:
+        errors.append(f"{where}: memory {m.id} is also in {seen[m.id]}")
+    else:
+        seen[m.id] = where
+    if not m.content.strip():
+        errors.append(f"{where}: memory {m.id} has empty content")
+
+
+def _load_cluster(path: Path, errors: list[str]) -> Cluster | None:
+    try:
+        data = load_yaml_file(path)
+        if not isinstance(data, dict):
+            raise ValueError("not a mapping")
+        c = Cluster.from_dict(data)
+    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        errors.append(f"{path.name}: {exc}")
+        return None
+    if c.id != path.stem:
+        errors.append(f"{path.name}: id {c.id!r} does not match the file name")
+        return None
+    if not CLUSTER_ID_RE.match(c.id):
+        errors.append(f"{path.name}: invalid cluster id {c.id!r}")
+        return None
+    return c
+
+
+def _load_shard(path: Path, errors: list[str]) -> list[Memory] | None:
+    try:
+        data = load_yaml_file(path)
+        if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
+            raise ValueError("expected a mapping with a 'memories' list")
+        return [Memory.from_dict(m) for m in data["memories"]]
+    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        errors.append(f"{path.name}: {exc}")
+        return None
+
+
+@dataclass
+class FileUpdate:
+    """What re-reading some store files found: per file, the new content or None (gone)."""
+
+    clusters: dict[str, Cluster | None] = field(default_factory=dict)
+    archive: dict[str, Cluster | None] = field(default_factory=dict)
+    shards: dict[str, list[Memory] | None] = field(default_factory=dict)
+
+
+def data_files(root: Path) -> list[str]:
+    """Every store file that holds memories, relative to the store."""
+    return [
+        f"{d}/{f.name}"
+        for d in (CLUSTERS, ARCHIVE, UNSORTED)
+        if (Path(root) / d).is_dir()
+        for f in sorted((Path(root) / d).glob("*.yaml"))
+    ]
+
+
+def read_files(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, FileUpdate]:
+    """`base` with the given files re-read from the working tree (a missing file is a
+    removal); `base` itself is not modified. Raises StoreError naming every problem: broken
+    files, bad ids, a memory in two places. So a broken hand edit is reported whole, and
+    nothing half-read is ever served."""
+    errors: list[str] = []
+    upd = parse_files(root, rel_paths, errors)
+    return apply_update(base, upd, errors), upd
+
+
+def parse_files(root: Path, rel_paths: list[str], errors: list[str]) -> FileUpdate:
+    """Parse each given store file on its own (no check across files); problems are added
+    to `errors`. Paths that are not store data files are skipped."""
+    paths = Paths(Path(root))
+    upd = FileUpdate()
+    for rel in rel_paths:
+        p = Path(rel)
+        if (
+            len(p.parts) != 2
+            or p.suffix != ".yaml"
+            or p.parts[0] not in (CLUSTERS, ARCHIVE, UNSORTED)
+        ):
+            continue
+        full = paths.root / p
+        if p.parts[0] == UNSORTED:
+            if not valid_shard_name(p.stem):
+                errors.append(f"{rel}: invalid unsorted shard name")
+                continue
+            upd.shards[p.stem] = _load_shard(full, errors) if full.exists() else None
+        else:
+            target = upd.clusters if p.parts[0] == CLUSTERS else upd.archive
+            target[p.stem] = _load_cluster(full, errors) if full.exists() else None
+    return upd
+
+
+def apply_update(base: StoreState, upd: FileUpdate, errors: list[str]) -> StoreState:
+    """`base` with the parsed files in place, checked as a whole (ids, a memory in two
+    places, a cluster both hot and archived); raises StoreError naming every problem found
+    here or already in `errors`."""
+    state = StoreState(dict(base.clusters), dict(base.archived), dict(base.unsorted))
+    for area, repl in ((state.clusters, upd.clusters), (state.archived, upd.archive)):
+        for k, v in repl.items():
+            if v is None:
+                area.pop(k, None)
+            else:
+                area[k] = v
+    for name, mems in upd.shards.items():
+        if mems is None:
+            state.unsorted.pop(name, None)
+        else:
+            state.unsorted[name] = mems
+    seen: dict[str, str] = {}
+    for m, area_name, key in state.all_memories():
+        _check_memory(m, f"{area_name}/{key}", seen, errors)
+    for cid in set(state.clusters) & set(state.archived):
+        errors.append(f"cluster {cid} is both hot and archived")
+    if errors:
+        raise StoreError("invalid store: " + "; ".join(errors[:20]))
+    return state
+
+
+def load_state(root: Path) -> StoreState:
+    """Read every cluster, archived cluster and unsorted shard (see `read_files`)."""
+    return read_files(root, StoreState(), data_files(root))[0]
+
+
+# YAML text of each memory as a list item, reused while the memory is unchanged: a cluster
+# file is rewritten whole when one memory joins it, and dumping every member again dominated
+# the cost of ingest. The output is byte-identical to dumping the whole file.
+_FRAGMENTS: dict[str, tuple[str, str, str, str]] = {}
+_MAX_FRAGMENTS = 400_000
+
+
+def _fragment(m: Memory) -> str:
+    meta = json.dumps(m.metadata, sort_keys=True, default=str) if m.metadata else ""
+    hit = _FRAGMENTS.get(m.id)
+    if hit is not None and hit[0] == m.content and hit[1] == m.created_at and hit[2] == meta:
+        return hit[3]
+    text = dumps([m.to_dict()])
+    if len(_FRAGMENTS) >= _MAX_FRAGMENTS:
+        _FRAGMENTS.clear()
+    _FRAGMENTS[m.id] = (m.content, m.created_at, meta, text)
+    return text
+
+
+def _memories_yaml(head: dict, mems: list[Memory]) -> str:
+    if not mems:
+        return dumps({**head, "memories": []})
+    return (dumps(head) if head else "") + "memories:\n" + "".join(_fragment(m) for m in mems)
+
+
+def cluster_yaml(c: Cluster) -> str:
+    d = c.to_dict()
+    d.pop("memories")
+    return _memories_yaml(d, c.memories)
+
+
+def write_cluster(paths: Paths, c: Cluster, archived: bool = False, fsync: bool = True) -> Path:
+    path = paths.cluster_file(c.id, archived)
+    atomic_write_text(path, cluster_yaml(c), sync_dir=False, fsync=fsync)
+    return path
+
+
+def write_shard(paths: Paths, name: str, mems: list[Memory], fsync: bool = True) -> Path:
+    path = paths.shard_file(name)
+    atomic_write_text(path, _memories_yaml({}, mems), sync_dir=False, fsync=fsync)
+    return path
+
+
+def init_store(root: Path) -> tuple[Path, bool]:
+    """Create a store from store_template/ (keeping anything already there), `git init`,
+    first commit. Returns (path, created)."""
+    from clagd.store.gitrepo import GitStore
+
+    root = Path(root).expanduser().resolve()
+    if is_store(root):
+        Paths(root).ensure_dirs()
+        return root, False
+    root.mkdir(parents=True, exist_ok=True)
+    copy_template(root)
+    paths = Paths(root)
+    paths.ensure_dirs()
+    for d in (paths.clusters, paths.archive, paths.unsorted):
+        keep = d / ".gitkeep"
+        if not any(d.iterdir()):
+            keep.touch()
+    git = GitStore(root)
+    git.init()
+    if git.head() is None:
+        git.commit(["."], "init: new clagd store", "", {"kind": "init"})
+    return root, True

@@ -1,0 +1,373 @@
+"""The single writer: one thread that owns the working tree, the git index and StoreState.
+
+Every mutation (ingest batch, session apply, archive, revert, reload after an outside edit)
+is an operation submitted here and run in order. An operation marks the files it changes
+(`touch_*`), mutates `ctx.state`, then calls `ctx.commit(...)`, which writes those files
+atomically, commits exactly them, and publishes the change to the index. If an operation
+fails half-way, the working tree is put back to HEAD and the state reloaded, so a failure
+never leaves a half-applied change behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clagd.errors import Conflict, StoreError
+from clagd.model import Cluster, Memory
+from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file, syncfs
+from clagd.store.files import (
+    ARCHIVE,
+    CLUSTERS,
+    UNSORTED,
+    Paths,
+    StoreState,
+    load_state,
+    read_files,
+    write_cluster,
+    write_shard,
+)
+from clagd.store.gitrepo import GitStore
+
+log = logging.getLogger("clagd.writer")
+DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
+
+
+@dataclass
+class Changes:
+    """What one commit changed, in the terms the index needs."""
+
+    upsert_clusters: list[Cluster] = field(default_factory=list)
+    remove_clusters: list[str] = field(default_factory=list)
+    add_unsorted: list[Memory] = field(default_factory=list)
+    remove_unsorted: list[str] = field(default_factory=list)
+    archive_changed: bool = False
+    full: bool = False
+    commit: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.upsert_clusters
+            or self.remove_clusters
+            or self.add_unsorted
+            or self.remove_unsorted
+            or self.archive_changed
+            or self.full
+            or self.commit
+        )
+
+
+class WriteContext:
+    def __init__(self, writer: Writer) -> None:
+        self.w = writer
+        self._clusters: set[str] = set()
+        self._archive: set[str] = set()
+        self._shards: dict[str, set[str]] = {}  # shard -> memory ids before this change
+
+    @property
+    def state(self) -> StoreState:
+        return self.w.state
+
+    @property
+    def git(self) -> GitStore:
+        return self.w.git
+
+    @property
+    def paths(self) -> Paths:
+        return self.w.paths
+
+    @property
+    def touched(self) -> bool:
+        return bool(self._clusters or self._archive or self._shards)
+
+    def touched_paths(self) -> list[str]:
+        root = self.paths.root
+        out = [self.paths.cluster_file(c) for c in self._clusters]
+        out += [self.paths.cluster_file(c, archived=True) for c in self._archive]
+        out += [self.paths.shard_file(n) for n in self._shards]
+        return sorted(str(p.relative_to(root)) for p in out)
+
+    def touch_cluster(self, cid: str) -> None:
+        self.paths.cluster_file(cid)  # validates the id before anything is written
+        self._clusters.add(cid)
+
+    def touch_archive(self, cid: str) -> None:
+        self.paths.cluster_file(cid, archived=True)
+        self._archive.add(cid)
+
+    def touch_shard(self, name: str) -> None:
+        self.paths.shard_file(name)
+        if name not in self._shards:
+            self._shards[name] = {m.id for m in self.state.unsorted.get(name, [])}
+
+    def commit(
+        self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
+    ) -> str | None:
+        """Write every touched file, commit exactly those, publish the change to readers.
+
+        Durability: the transaction marker (fsynced) names every file first; the files are
+        written and renamed without one fsync each, `git add` writes their objects without
+        one fsync each either, then one syncfs flushes files and objects together before
+        `git commit` refers to them (where syncfs is missing: an fsync per file, and git's
+        own fsync per object). A crash before the commit is undone at start-up from the
+        marker, a crash after it loses nothing."""
+        w = self.w
+        w.begin_txn(subject, self.touched_paths())
+        batch_sync = w.can_syncfs
+        written: list[str] = []
+        for cid in sorted(self._clusters):
+            written.append(self._write_or_remove(cid, archived=False))
+        for cid in sorted(self._archive):
+            written.append(self._write_or_remove(cid, archived=True))
+        changes = Changes()
+        for name, before in sorted(self._shards.items()):
+            mems = self.state.unsorted.get(name, [])
+            path = self.paths.shard_file(name)
+            if mems:
+                write_shard(self.paths, name, mems, fsync=not batch_sync)
+            else:
+                self.state.unsorted.pop(name, None)
+                path.unlink(missing_ok=True)
+            written.append(str(path.relative_to(self.paths.root)))
+            after = {m.id for m in mems}
+            changes.add_unsorted.extend(m for m in mems if m.id not in before)
+            changes.remove_unsorted.extend(sorted(before - after))
+        if not batch_sync:
+            for d in DATA_DIRS:
+                fsync_dir(self.paths.root / d)
+
+        def flush() -> None:
+            """After `git add`, before `git commit`: the files and the new objects."""
+            w.can_syncfs = syncfs(self.paths.root)
+            if not w.can_syncfs:  # flush what was written without fsync, file by file
+                for rel in written:
+                    fsync_file(self.paths.root / rel)
+                for d in DATA_DIRS:
+                    fsync_dir(self.paths.root / d)
+                os.sync()  # and the objects git wrote without fsync (paths not known here)
+
+        sha = w.git.commit(written, subject, body, trailers, flush=flush if batch_sync else None)
+        w.end_txn()
+        for cid in sorted(self._clusters):
+            if cid in self.state.clusters:
+                changes.upsert_clusters.append(self.state.clusters[cid])
+            else:
+                changes.remove_clusters.append(cid)
+        changes.archive_changed = bool(self._archive)
+        changes.commit = sha
+        self._clusters, self._archive, self._shards = set(), set(), {}
+        w.publish(changes)
+        return sha
+
+    def record(
+        self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
+    ) -> str | None:
+        """An empty commit that records an event (a session that changed nothing) in history."""
+        sha = self.w.git.commit([], subject, body, trailers, allow_empty=True)
+        self.w.publish(Changes(commit=sha))
+        return sha
+
+    def _write_or_remove(self, cid: str, archived: bool) -> str:
+        area = self.state.archived if archived else self.state.clusters
+        path = self.paths.cluster_file(cid, archived)
+        if cid in area:
+            write_cluster(self.paths, area[cid], archived, fsync=not self.w.can_syncfs)
+        else:
+            path.unlink(missing_ok=True)
+        return str(path.relative_to(self.paths.root))
+
+    def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
+        """git revert one commit, then reload exactly the files it touched.
+
+        The revert is checked before it is committed: a revert that git applies cleanly can
+        still make an invalid store (a memory that moved on since comes back to its old
+        place too, and is then stored twice); such a revert is refused like a conflict.
+        The transaction marker makes a revert killed half-way be undone at start-up."""
+        w = self.w
+        w.begin_txn(subject)
+        try:
+            full = w.git.revert_apply(sha)
+        except Conflict:
+            w.end_txn()
+            raise
+        try:
+            read_changes(self.paths.root, w.state, w.git.staged_files())
+        except StoreError as exc:
+            w.git.revert_abort()
+            w.end_txn()
+            raise Conflict(
+                f"cannot revert {full[:10]}: the result would be invalid: {exc}"
+            ) from None
+        new = w.git.revert_commit(full, subject, trailers)
+        w.end_txn()
+        self.reload_paths(w.git.changed_files(new), commit=new)
+        return new
+
+    def reload_paths(self, rel_paths: list[str], commit: str | None = None) -> Changes:
+        """Re-read the given store files from the working tree into the state. Raises
+        StoreError (state unchanged) when a file is broken or ids collide."""
+        candidate, changes = read_changes(self.paths.root, self.w.state, rel_paths)
+        changes.commit = commit
+        self.w.state = candidate
+        self.w.publish(changes)
+        return changes
+
+    def reload_all(self) -> None:
+        self.w.state = load_state(self.paths.root)
+        self.w.publish(Changes(full=True, commit=self.w.git.head()))
+
+
+def read_changes(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, Changes]:
+    """`read_files`, plus the index changes that take `base` to the new state."""
+    state, upd = read_files(root, base, rel_paths)
+    changes = Changes(archive_changed=bool(upd.archive))
+    for cid, c in upd.clusters.items():
+        if c is None:
+            changes.remove_clusters.append(cid)
+        else:
+            changes.upsert_clusters.append(c)
+    for name in upd.shards:
+        before = {m.id for m in base.unsorted.get(name, [])}
+        after_list = state.unsorted.get(name, [])
+        after = {m.id for m in after_list}
+        changes.add_unsorted.extend(m for m in after_list if m.id not in before)
+        changes.remove_unsorted.extend(sorted(before - after))
+    return state, changes
+
+
+class Writer:
+    def __init__(
+        self,
+        root: Path,
+        state: StoreState,
+        git: GitStore,
+        on_change: Callable[[Changes, StoreState], None] | None = None,
+    ) -> None:
+        self.paths = Paths(Path(root))
+        self.state = state
+        self.git = git
+        self.on_change = on_change
+        self._q: queue.Queue[tuple[Callable[..., Any], tuple, dict, Future] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
+        self._stopping = False
+        self.commits = 0
+        self.can_syncfs = True  # until a syncfs call says otherwise
+        self.failures = 0
+        self.last_error = ""
+        self._needs_restore = False
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Run everything already queued, then stop."""
+        if self._thread.is_alive():
+            self._stopping = True
+            self._q.put(None)
+            self._thread.join(timeout)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Future:
+        fut: Future = Future()
+        if self._stopping:
+            fut.set_exception(StoreError("the daemon is shutting down"))
+            return fut
+        self._q.put((fn, args, kw, fut))
+        return fut
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Submit and wait. On the writer thread itself, run inline (no deadlock)."""
+        if threading.current_thread() is self._thread:
+            return fn(WriteContext(self), *args, **kw)
+        return self.submit(fn, *args, **kw).result()
+
+    def pending(self) -> int:
+        return self._q.qsize()
+
+    # -- transaction marker: tells start-up that a change was half-written ----------
+    @property
+    def txn_file(self) -> Path:
+        return self.paths.runtime / "txn"
+
+    def begin_txn(self, what: str, paths: list[str] | None = None) -> None:
+        """Mark a change as being written: its subject, then the files it may touch (none
+        listed: it may touch any file under the data folders)."""
+        lines = [what.replace("\n", " ")] + list(paths or [])
+        atomic_write_text(self.txn_file, "\n".join(lines) + "\n")
+
+    def end_txn(self) -> None:
+        self.txn_file.unlink(missing_ok=True)
+
+    def publish(self, changes: Changes) -> None:
+        if changes.commit:
+            self.commits += 1
+        if self.on_change is not None and not changes.empty:
+            self.on_change(changes, self.state)
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, args, kw, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            ctx = WriteContext(self)
+            try:
+                if self._needs_restore:
+                    # an earlier rollback failed (disk full, read-only store): the state may
+                    # hold a change that is not in HEAD; nothing runs on it until restored
+                    self._restore_all()
+                result = fn(ctx, *args, **kw)
+            except BaseException as exc:  # noqa: BLE001 - reported through the future
+                self.failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("write operation %s failed: %s", getattr(fn, "__name__", fn), exc)
+                if not self._needs_restore and (ctx.touched or self.txn_file.exists()):
+                    self._rollback_worktree(ctx.touched_paths())
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def _rollback_worktree(self, rel_paths: list[str]) -> None:
+        """Put the files a failed operation touched back to HEAD and re-read exactly those
+        (an operation marks a file before it changes the state behind it). Other files, and
+        a hand edit in progress elsewhere in the store, are left alone."""
+        if rel_paths:
+            try:
+                self.git.restore_paths(rel_paths)
+                self.end_txn()
+                self.state, changes = read_changes(self.paths.root, self.state, rel_paths)
+                changes.commit = self.git.head()
+                self.publish(changes)
+                log.info("put %d file(s) back to HEAD after a failed operation", len(rel_paths))
+                return
+            except Exception as exc:  # noqa: BLE001 - fall back to the whole store
+                log.warning("partial restore failed (%s); reloading the whole store", exc)
+        try:
+            self._restore_all()
+            log.info("working tree put back to HEAD after a failed operation")
+        except Exception as exc:  # noqa: BLE001
+            self._needs_restore = True
+            log.error(
+                "could not restore the working tree (retried before the next operation): %s", exc
+            )
+
+    def _restore_all(self) -> None:
+        self.git.reset_paths_to_head(DATA_DIRS)
+        self.end_txn()
+        self.state = load_state(self.paths.root)
+        self._needs_restore = False
+        self.publish(Changes(full=True, commit=self.git.head()))
