@@ -95,7 +95,7 @@ def bench_load(size: int, tmp: Path) -> dict:
     build = time.perf_counter() - t0
     # organize it into clusters so the load covers cluster files, as a real store has
     t0 = time.perf_counter()
-    eng.recluster("bench") if eng.session_runner else None
+    eng.recluster("bench") if eng.hooks.session_runner else None
     eng.close()
     # baseline: just parse every YAML file
     t0 = time.perf_counter()
@@ -105,7 +105,7 @@ def bench_load(size: int, tmp: Path) -> dict:
             data = yaml.load(f.read_text(), Loader=yaml.CSafeLoader)
             n += len(data.get("memories", []))
     yaml_only = time.perf_counter() - t0
-    (store / ".clagd" / "snapshot.pickle").unlink(missing_ok=True)
+    (store / ".clagd" / "warmstart.pickle").unlink(missing_ok=True)
     t0 = time.perf_counter()
     eng = Engine(store)
     from_files = time.perf_counter() - t0
@@ -113,7 +113,7 @@ def bench_load(size: int, tmp: Path) -> dict:
     t0 = time.perf_counter()
     eng = Engine(store)
     from_snapshot = time.perf_counter() - t0
-    assert eng.load_source == "snapshot" and len(eng.index) == size
+    assert eng.load_source == "warmstart" and len(eng.index) == size
     eng.close()
     return {
         "memories": n,

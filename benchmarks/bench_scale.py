@@ -225,7 +225,7 @@ def bench_size(n: int, n_queries: int, n_ingest: int, tmp: Path, repeats: int = 
         "startup_yaml_index_load_s": st["load_seconds"],
         "startup_snapshot_s": from_snap,
         "startup_snapshot_load_s": st2["load_seconds"],
-        "snapshot_used": st2["load_source"] == "snapshot",
+        "snapshot_used": st2["load_source"] == "warmstart",
         "rss_mb": rss,
         "rss_after_ingest_mb": rss_after,
         "ingest_memories": len(fresh),

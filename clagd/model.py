@@ -52,6 +52,14 @@ def parse_time(value: str | None) -> datetime | None:
     return dt
 
 
+def parse_epoch(value: str | None) -> float:
+    """Seconds since the epoch of a stored time. A missing or unparseable time is 0.0 (the
+    epoch itself): it sorts as the oldest, never as "now", and is never NaN (which would make
+    every comparison, sort and max() involving it silently wrong)."""
+    dt = parse_time(value)
+    return dt.timestamp() if dt is not None else 0.0
+
+
 @dataclass
 class Memory:
     id: str

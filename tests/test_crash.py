@@ -98,7 +98,7 @@ def test_a_revert_killed_half_way_is_discarded(store: Path) -> None:
     eng.close()
     head = git(store, "rev-parse", "HEAD")
     # what a kill between `git revert --no-commit` and the commit leaves behind
-    (store / ".clagd" / "snapshot.pickle").unlink(missing_ok=True)
+    (store / ".clagd" / "warmstart.pickle").unlink(missing_ok=True)
     git(store, "revert", "--no-commit", sha)
     (store / ".clagd" / "txn").write_text("revert: killed\n")
     eng = Engine(store)

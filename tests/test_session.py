@@ -179,7 +179,7 @@ def test_lexical_backend_and_engine_runner(eng: Engine, fake: FakeOllama) -> Non
     out = run_session(eng.writer.submit, None, eng.config, eng.paths.prompts)
     assert out.backend == "none" and out.status in ("accepted", "noop"), out.reasons
     manager = BackendManager(eng.config)
-    eng.session_runner = engine_session_runner(manager)
+    eng.hooks.session_runner = engine_session_runner(manager)
     result = eng.recluster(trigger="manual")
     assert result["backend"] == "ollama" and result["status"] in ("accepted", "noop")
     assert eng.status()["sessions"] if "sessions" in eng.status() else True

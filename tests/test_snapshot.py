@@ -25,7 +25,7 @@ def test_clean_restart_loads_the_snapshot(tmp_path: Path) -> None:
     eng.close()
     eng = Engine(root)
     try:
-        assert eng.load_source == "snapshot"
+        assert eng.load_source == "warmstart"
         assert_same_as_files(eng)
         assert eng.query("boats", count_round=False)["memories"][0]["id"] == before[0]["id"]
     finally:
@@ -48,7 +48,7 @@ def test_snapshot_behind_head_is_brought_up_to_date(tmp_path: Path) -> None:
     cluster.write_text(yaml.safe_dump(data, sort_keys=False))
     eng = Engine(root)
     try:
-        assert eng.load_source == "snapshot"
+        assert eng.load_source == "warmstart"
         assert any("brought up to date" in n for n in eng.notes)
         assert_same_as_files(eng)
         assert any(c["name"] == "Edited while stopped" for c in eng.clusters()["clusters"])
@@ -65,7 +65,7 @@ def test_corrupt_or_foreign_snapshot_means_a_full_load(tmp_path: Path) -> None:
     eng = Engine(root)
     _add(eng, "a memory that must survive")
     eng.close()
-    snap = root / ".clagd" / "snapshot.pickle"
+    snap = root / ".clagd" / "warmstart.pickle"
     snap.write_bytes(b"not a pickle")
     eng = Engine(root)
     assert eng.load_source == "files"

@@ -140,6 +140,7 @@ class EnginePipeline:
 
     def __init__(self, config: Config, backend: str = "none") -> None:
         from clagd.engine.core import Engine
+        from clagd.engine.hooks import EngineHooks
         from clagd.organize.session import engine_session_runner
         from clagd.slm.manager import BackendManager
         from clagd.store.files import init_store
@@ -149,8 +150,10 @@ class EnginePipeline:
         self.config = copy.deepcopy(config)
         self.config.backend.kind = backend
         root, _ = init_store(Path(self._tmp.name) / "store")
-        self.engine = Engine(root, self.config, start=True)
-        self.engine.session_runner = engine_session_runner(BackendManager(self.config))
+        runner = engine_session_runner(BackendManager(self.config))
+        self.engine = Engine(
+            root, self.config, start=True, hooks=EngineHooks(session_runner=runner)
+        )
 
     def ingest(self, turns: list[Turn]) -> None:
         self.engine.add([{"content": t.content, "created_at": t.created_at} for t in turns])

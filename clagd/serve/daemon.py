@@ -21,6 +21,7 @@ from typing import Any
 from clagd.client import default_socket_path
 from clagd.config import Config, load_config
 from clagd.engine.core import Engine
+from clagd.engine.hooks import EngineHooks
 from clagd.errors import StoreLocked
 from clagd.ingest.watcher import InboxWatcher
 from clagd.organize.session import engine_session_runner
@@ -30,6 +31,7 @@ from clagd.serve.scheduler import Scheduler
 from clagd.serve.server import SocketServer, build_dispatcher
 from clagd.slm.manager import BackendManager
 from clagd.store.files import Paths, init_store
+from clagd.store.gitrepo import GitStore
 
 log = logging.getLogger("clagd")
 
@@ -115,42 +117,13 @@ class Daemon:
 
     def _start(self) -> None:
         sdnotify.status("loading the store")
-        eng = self.engine = Engine(self.store, self.config, start=True)
-        eng.backend_status = self.backends.status
-        eng.status_hooks["inbox"] = self._inbox_status
-        eng.session_runner = engine_session_runner(self.backends)
-        if self.config.retrieval.slm_refine:
-            from clagd.retrieval.refine import Refiner
-
-            eng.refiner = Refiner(self.backends.get, self.config.retrieval)
-            eng.status_hooks["refine"] = eng.refiner.status
+        cfg = self.config
+        eng = self.engine = Engine(self.store, cfg, start=True, hooks=self._hooks())
         # a store edited by hand while no daemon ran: validate and commit it now
         eng.check_outside()
-        cfg = self.config
-        if cfg.replication.remote:
-            self.replicator = Replicator(
-                eng.git,
-                cfg.replication.remote,
-                cfg.replication.branch,
-                cfg.replication.retry_seconds,
-            )
-            eng.on_commit = self.replicator.notify
-            eng.status_hooks["replication"] = self.replicator.status
+        if self.replicator is not None:
             self.replicator.start()
-        inherited = sdnotify.listen_fds()
-        extra = {
-            "recluster": lambda p: self._recluster(p),
-        }
-        self.server = SocketServer(
-            None if inherited else self.socket_path,
-            build_dispatcher(eng, extra),
-            max_request_bytes=cfg.server.max_request_bytes,
-            read_timeout=cfg.server.read_timeout,
-            max_clients=cfg.server.max_clients,
-            inherited=inherited[0] if inherited else None,
-        )
-        if inherited and self.server.path is not None:
-            self.socket_path = self.server.path
+        self.server = self._server(eng)
         self.watcher = InboxWatcher(
             self.paths.inbox, cfg.inbox, lambda items, files: eng.ingest(items, "inbox", files)
         )
@@ -164,7 +137,6 @@ class Daemon:
             housekeeping_seconds=max(0.5, cfg.inbox.rescan_seconds),
             backend_seconds=cfg.backend.recheck_seconds,
         )
-        eng.on_threshold = self.scheduler.trigger_session
         # the start-up scan happens in the watcher's first pass, before READY=1
         self.watcher.start()
         self.watcher.wait_backlog(60)
@@ -178,14 +150,63 @@ class Daemon:
         )
         self._server_thread.start()
         self.watchdog = sdnotify.Watchdog(self.healthy).start()
+        self._settle_heap()
         n = len(eng.index)
+        log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
+        sdnotify.ready(f"serving {n} memories")
+
+    def _hooks(self) -> EngineHooks:
+        """Everything the engine calls out to, built before it (the scheduler, which starts
+        later, is reached through `_on_threshold`)."""
+        cfg = self.config
+        hooks = EngineHooks(
+            on_threshold=self._on_threshold,
+            session_runner=engine_session_runner(self.backends),
+            backend_status=self.backends.status,
+            status={"inbox": self._inbox_status},
+        )
+        if cfg.retrieval.slm_refine:
+            from clagd.retrieval.refine import Refiner
+
+            hooks.refiner = Refiner(self.backends.get, cfg.retrieval)
+            hooks.status["refine"] = hooks.refiner.status
+        if cfg.replication.remote:
+            self.replicator = Replicator(
+                GitStore(self.store),
+                cfg.replication.remote,
+                cfg.replication.branch,
+                cfg.replication.retry_seconds,
+            )
+            hooks.on_commit = self.replicator.notify
+            hooks.status["replication"] = self.replicator.status
+        return hooks
+
+    def _on_threshold(self, why: str) -> None:
+        if self.scheduler is not None:
+            self.scheduler.trigger_session(why)
+
+    def _server(self, eng: Engine) -> SocketServer:
+        cfg = self.config.server
+        inherited = sdnotify.listen_fds()
+        server = SocketServer(
+            None if inherited else self.socket_path,
+            build_dispatcher(eng, {"recluster": self._recluster}),
+            max_request_bytes=cfg.max_request_bytes,
+            read_timeout=cfg.read_timeout,
+            max_clients=cfg.max_clients,
+            inherited=inherited[0] if inherited else None,
+        )
+        if inherited and server.path is not None:
+            self.socket_path = server.path
+        return server
+
+    @staticmethod
+    def _settle_heap() -> None:
         # The loaded store is a large, long-lived heap: keep the cyclic GC from rescanning it
         # (a full collection over 100k memories is a query-latency spike).
         gc.collect()
         gc.freeze()
         release_free_memory()
-        log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
-        sdnotify.ready(f"serving {n} memories")
 
     def _inbox_status(self) -> dict[str, Any]:
         w = self.watcher
@@ -218,7 +239,7 @@ class Daemon:
         eng.check_outside()
         eng.maybe_route(wait=False)  # queued on the writer; a failure is logged and retried
         eng.stats.save()
-        eng.maybe_snapshot()
+        eng.maybe_save_warmstart()
         sdnotify.status(
             f"{len(eng.index)} memories, {eng.counters['queries']} queries, "
             f"{eng.counters['sessions']} sessions"

@@ -1,0 +1,40 @@
+"""What the composition root (the daemon, `clagd eval`, a test) plugs into an engine: one
+typed object handed to `Engine(...)`, so every wire is visible where the engine is built
+instead of being set on it afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from clagd.engine.core import Engine
+    from clagd.retrieval.refine import Refiner
+
+
+class SessionRunner(Protocol):
+    """Runs one clustering session on an engine and returns its outcome (a dict with at
+    least `status`); `organize.session.engine_session_runner` builds the real one."""
+
+    def __call__(
+        self, engine: Engine, trigger: str = ..., backend: str | None = ...
+    ) -> dict[str, Any]: ...
+
+
+@dataclass
+class EngineHooks:
+    """Every field is optional: an engine without hooks (scripts, tests) builds its session
+    runner from the config on first use, reports no backend, and pushes nowhere."""
+
+    # a session threshold was reached ("memories" or "rounds"): schedule a session
+    on_threshold: Callable[[str], None] | None = None
+    # a commit was published (its sha): e.g. wake the replicator
+    on_commit: Callable[[str], None] | None = None
+    session_runner: SessionRunner | None = None
+    # the `backend` section of `status`
+    backend_status: Callable[[], dict[str, Any]] | None = None
+    # further `status` sections, by key (inbox, refine, replication)
+    status: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+    # the SLM pick among the lexical cluster candidates (retrieval.slm_refine)
+    refiner: Refiner | None = None

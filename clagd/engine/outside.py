@@ -1,0 +1,102 @@
+"""Outside edits: hand edits of the YAML files and git commands run in the store (a commit,
+a reset, a checkout of another commit) are noticed, validated and taken in.
+
+A valid edit is reloaded into the state and index and, when the working tree differs from
+HEAD, committed as `kind: edit`. A broken one is refused: the daemon keeps serving the last
+good state, reports the error once in `status`, and does not rewrite the files of the
+clusters it concerns (`blocked`) until it is fixed or undone.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clagd.errors import StoreError
+from clagd.store.files import data_files
+from clagd.store.writer import DATA_DIRS, WriteContext
+
+log = logging.getLogger("clagd")
+
+
+@dataclass
+class OutsideChange:
+    """One outside change, taken in (`ok`) or refused (`error`)."""
+
+    ok: bool
+    error: str = ""
+    files: list[str] = field(default_factory=list)
+    commit: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.ok:
+            return {"ok": False, "error": self.error}
+        return {"ok": True, "files": self.files, "commit": self.commit}
+
+
+class OutsideEdits:
+    """The state of outside edits between two checks (runs on the writer thread)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.error = ""  # the last refused edit, "" when the files are good
+        self.blocked: set[str] = set()  # clusters whose file holds a broken hand edit
+        self._sig: tuple[str | None, tuple[tuple[str, float], ...]] | None = None
+
+    def take_in(self, ctx: WriteContext, known_head: str | None) -> OutsideChange | None:
+        """Compare the files and HEAD with what the daemon last wrote (`known_head`) and
+        take in any difference. None when there is none, or it is the same broken state
+        already reported."""
+        head = ctx.git.head()
+        dirty = ctx.git.dirty_paths(DATA_DIRS)
+        moved = head != known_head
+        if not moved and not dirty:
+            # back in step with HEAD (e.g. a broken edit was undone): nothing to report
+            self._clear()
+            return None
+        sig = (head, tuple(sorted((p, _mtime(self.root / p)) for p in dirty)))
+        if sig == self._sig:
+            return None
+        changed = set(dirty)
+        if moved and known_head:
+            try:
+                changed.update(ctx.git.changed_between(known_head, head or "HEAD", DATA_DIRS))
+            except Exception:  # noqa: BLE001 - unrelated history: reload everything
+                changed.update(data_files(self.root))
+        try:
+            ctx.reload_paths(sorted(changed), commit=None)
+        except StoreError as exc:
+            self._sig = sig
+            self.blocked = {Path(p).stem for p in dirty if p.startswith("clusters/")}
+            self.error = str(exc)
+            log.error("outside edit rejected, still serving the last good state: %s", exc)
+            return OutsideChange(ok=False, error=str(exc))
+        self._clear()
+        sha = None
+        if dirty:
+            sha = ctx.git.commit(
+                dirty,
+                f"edit: {len(dirty)} file(s) changed outside clagd",
+                "\n".join(dirty),
+                {"kind": "edit"},
+            )
+        log.info(
+            "outside change loaded (%d files%s)",
+            len(changed),
+            f", committed {sha[:10]}" if sha else "",
+        )
+        return OutsideChange(ok=True, files=sorted(changed), commit=sha)
+
+    def _clear(self) -> None:
+        self._sig = None
+        self.error = ""
+        self.blocked = set()
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0

@@ -1,0 +1,81 @@
+"""Route-pass bookkeeping: which unsorted shards of large ingest batches still wait for the
+pass that moves their memories into clusters, and when that pass is due.
+
+A large batch is committed unsorted at once (so nothing waits for routing) and its shard is
+listed here; the pass runs when the inbox has been quiet for `ingest.route_delay_seconds`,
+or at the latest ROUTE_MAX_WAIT after the first waiting batch, so a steady stream of files
+still gets its memories into their clusters. One pass runs at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+# a route pass waits for the inbox to be quiet, but not longer than this after the first
+# deferred batch
+ROUTE_MAX_WAIT = 30.0
+
+
+class RouteQueue:
+    """Thread-safe: ingest (writer thread), housekeeping and shutdown all touch it."""
+
+    def __init__(self, quiet_seconds: float) -> None:
+        self.quiet_seconds = quiet_seconds
+        self._pending: dict[str, float] = {}  # shard name -> when its batch was committed
+        self._lock = threading.Lock()
+        self._running = False
+        self._last_ingest = 0.0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def ingested(self, deferred_shard: str | None) -> None:
+        """An ingest batch was committed; `deferred_shard` names its shard when the batch's
+        routing was left to a pass."""
+        now = time.monotonic()
+        self._last_ingest = now
+        if deferred_shard:
+            with self._lock:
+                self._pending[deferred_shard] = now
+
+    def due(self, now: float | None = None) -> bool:
+        """A pass is waiting and the inbox has been quiet long enough (or waited too long)."""
+        with self._lock:
+            if not self._pending:
+                return False
+            oldest = min(self._pending.values())
+        now = time.monotonic() if now is None else now
+        quiet = now - self._last_ingest >= self.quiet_seconds
+        return quiet or now - oldest >= ROUTE_MAX_WAIT
+
+    def claim(self, force: bool) -> bool:
+        """Mark a pass as running when one should start now (any waiting shard, with
+        `force`); False when none is waiting, one is running, or it is not due yet."""
+        with self._lock:
+            if self._running or not self._pending:
+                return False
+        if not (force or self.due()):
+            return False
+        with self._lock:
+            self._running = True
+        return True
+
+    def waiting(self) -> list[str]:
+        """The shards a pass should take now."""
+        with self._lock:
+            return list(self._pending)
+
+    def finished(self, taken: list[str]) -> None:
+        """The pass over `taken` has committed: they no longer wait. (A failed pass leaves
+        them listed, to be tried again at the next due time.)"""
+        with self._lock:
+            for name in taken:
+                self._pending.pop(name, None)
+
+    def release(self, _fut: Future | None = None) -> None:
+        """The pass is over, done or not (also when it never ran: the writer was stopping)."""
+        with self._lock:
+            self._running = False

@@ -1,0 +1,130 @@
+"""The warm start: the loaded store state and index pickled at a clean HEAD, so the next
+start re-reads only the files changed since (git diff + uncommitted edits) instead of every
+YAML file (100k memories take far longer to parse than to unpickle).
+
+It is a cache and never the truth: a missing, foreign, older-format or unreadable file, or
+one saved under other retrieval/ingest settings, just means a full load. ("Snapshot" in
+clagd means only the immutable index snapshot that queries read.)
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import pickle
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from clagd.config import Config
+from clagd.retrieval.index import Index
+from clagd.store.files import StoreState
+from clagd.store.gitrepo import GitStore
+from clagd.store.writer import DATA_DIRS, WriteContext, read_changes
+
+log = logging.getLogger("clagd")
+
+# Bumped whenever the pickled classes move or change shape (2: the layer subpackages;
+# 3: the file renamed from snapshot.pickle). The header line is read before anything is
+# unpickled, so an older file is refused without importing classes that no longer exist.
+WARMSTART_FORMAT = 3
+WARMSTART_MAGIC = b"clagd-warm-start %d\n" % WARMSTART_FORMAT
+WARMSTART_NAME = "warmstart.pickle"
+# what versions before format 3 wrote (removed at start: it can never be used again)
+LEGACY_NAME = "snapshot.pickle"
+
+
+@dataclass
+class Loaded:
+    """A usable warm start: the state and index brought up to the current files."""
+
+    state: StoreState
+    index: Index
+    head: str  # the commit it was saved at
+    note: str  # what was re-read, for `status`'s recovery notes ("" when nothing was)
+
+
+class WarmStart:
+    """The warm-start file of one store: loaded once at start, saved by the writer."""
+
+    def __init__(self, runtime: Path, config: Config) -> None:
+        self.path = runtime / WARMSTART_NAME
+        self.legacy = runtime / LEGACY_NAME
+        self.config = config
+        self.saved_head: str | None = None  # the commit the file on disk describes
+        self.saved_at = time.monotonic()
+
+    def key(self) -> dict[str, Any]:
+        """What the pickled index depends on besides the files: a change means a full load."""
+        return {
+            "format": WARMSTART_FORMAT,
+            "retrieval": asdict(self.config.retrieval),
+            "ingest": asdict(self.config.ingest),
+        }
+
+    def load(self, root: Path, git: GitStore, head: str | None) -> Loaded | None:
+        """The saved state and index, brought up to date, or None (then load every file)."""
+        self.legacy.unlink(missing_ok=True)
+        if head is None or not self.path.exists():
+            return None
+        try:
+            data = self._read()
+            if data is None or data.get("key") != self.key():
+                return None
+            return self._catch_up(root, git, head, data)
+        except Exception as exc:  # noqa: BLE001 - a bad file only costs a full load
+            log.warning("not using the warm-start file (%s): loading every file", exc)
+            return None
+
+    def _read(self) -> dict[str, Any] | None:
+        gc.disable()  # unpickling 100k objects triggers many useless collections
+        try:
+            with open(self.path, "rb") as fh:
+                if fh.readline() != WARMSTART_MAGIC:
+                    log.info("warm-start file has another format: loading every file")
+                    return None
+                data = pickle.load(fh)
+        finally:
+            gc.enable()
+        return data if isinstance(data, dict) else None
+
+    def _catch_up(self, root: Path, git: GitStore, head: str, data: dict[str, Any]) -> Loaded:
+        saved, state, index = data["head"], data["state"], data["index"]
+        changed = set(git.dirty_paths(DATA_DIRS))
+        if saved != head:
+            changed.update(git.changed_between(saved, head, DATA_DIRS))
+        note = ""
+        if changed:
+            state, changes = read_changes(root, state, sorted(changed))
+            index = index.apply(
+                upsert_clusters=changes.upsert_clusters,
+                remove_clusters=changes.remove_clusters,
+                add_unsorted=changes.add_unsorted,
+                remove_unsorted=changes.remove_unsorted,
+            )
+            note = f"warm start from {saved[:10]} brought up to date ({len(changed)} files re-read)"
+        self.saved_head = saved
+        return Loaded(state, index, saved, note)
+
+    def due(self, head: str | None, min_interval: float) -> bool:
+        """The store moved on since the last save and that save is old enough."""
+        return head != self.saved_head and time.monotonic() - self.saved_at >= min_interval
+
+    def save(self, ctx: WriteContext, index: Index) -> None:
+        """Write the file (on the writer thread: it must see a consistent state). Skipped
+        while the working tree differs from HEAD: the file must describe one commit."""
+        head = ctx.git.head()
+        if head is None or ctx.git.dirty_paths(DATA_DIRS):
+            return
+        self.saved_at = time.monotonic()
+        data = {"key": self.key(), "head": head, "state": ctx.state, "index": index}
+        tmp = self.path.with_suffix(".tmp")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+            fh.write(WARMSTART_MAGIC)
+            pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        self.saved_head = head
