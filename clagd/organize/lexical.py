@@ -148,6 +148,29 @@ class _Group:
         return max((_ts(m) for m in self.members), default=-math.inf)
 
 
+class _Grouping:
+    """The clusters being planned, and where each memory is in them."""
+
+    def __init__(self, clusters: list[Cluster]) -> None:
+        self.home: dict[str, str] = {m.id: c.id for c in clusters for m in c.memories}
+        self.groups: dict[str, _Group] = {c.id: _Group(c.id, c) for c in clusters}
+        self.new_count = 0
+
+    def new_group(self) -> _Group:
+        self.new_count += 1
+        g = _Group(f"new:{self.new_count}")
+        self.groups[g.ref] = g
+        return g
+
+    def move(self, m: Memory, dst: _Group) -> None:
+        groups, src = self.groups, self.home.get(m.id)
+        if src is not None and src in groups and src != dst.ref:
+            groups[src].members = [x for x in groups[src].members if x.id != m.id]
+        self.home[m.id] = dst.ref
+        if all(x.id != m.id for x in dst.members):
+            dst.members.append(m)
+
+
 def organize(
     memories: list[Memory],
     clusters: list[Cluster],
@@ -159,46 +182,54 @@ def organize(
     now = now or now_iso()
     sampled = {m.id: m for m in memories}
     corpus = _Corpus([*memories, *(m for c in clusters for m in c.memories)])
-    home: dict[str, str] = {m.id: c.id for c in clusters for m in c.memories}
-    groups: dict[str, _Group] = {c.id: _Group(c.id, c) for c in clusters}
-    new_count = 0
-
-    def new_group() -> _Group:
-        nonlocal new_count
-        new_count += 1
-        g = _Group(f"new:{new_count}")
-        groups[g.ref] = g
-        return g
-
-    def move(m: Memory, dst: _Group) -> None:
-        src = home.get(m.id)
-        if src is not None and src in groups and src != dst.ref:
-            groups[src].members = [x for x in groups[src].members if x.id != m.id]
-        home[m.id] = dst.ref
-        if all(x.id != m.id for x in dst.members):
-            dst.members.append(m)
-
+    grouping = _Grouping(clusters)
     # 1. unsorted memories -> episodes -> continue an existing cluster, or a new one
-    loose = sorted((m for m in memories if m.id not in home), key=lambda m: (_ts(m), m.id))
+    _place_loose(memories, grouping, corpus, cfg)
+    # 2. split clusters over the size limit (only sampled members can move)
+    _split_large(grouping, sampled, corpus, cfg)
+    # 3. merge near-duplicates
+    _merge(grouping, corpus, cfg)
+    # 4. names, descriptions, tags; the plan
+    plan_clusters = _plan_clusters(grouping, sampled, corpus)
+    refs = {pc.ref for pc in plan_clusters}
+    home = grouping.home
+    assign = {mid: home[mid] for mid in sampled if home.get(mid) in refs}
+    # a sampled memory of an untouched cluster cannot exist (sampled => touched)
+    reason = (
+        f"lexical organizer: {len(sampled)} memories into {len(plan_clusters)} clusters "
+        f"({grouping.new_count} new) by time episodes and topic shifts"
+    )
+    return Plan(clusters=plan_clusters, assign=assign, conflicts=[], reason=reason)
+
+
+def _place_loose(
+    memories: list[Memory], grouping: _Grouping, corpus: _Corpus, cfg: SessionConfig
+) -> None:
+    """Unsorted memories, cut into episodes; an episode continues the cluster it follows
+    closely in time and words, or starts a new one."""
+    loose = sorted((m for m in memories if m.id not in grouping.home), key=lambda m: (_ts(m), m.id))
     gap = cfg.episode_gap_minutes * 60.0
     for piece in _segment(loose, cfg, corpus):
         target = None
         first = _ts(piece[0])
         pv = corpus.vec(m.id for m in piece)
         best = _JOIN_SIMILARITY
-        for g in groups.values():
+        for g in grouping.groups.values():
             if not g.members or len(g.members) + len(piece) > cfg.target_cluster_size:
                 continue
             if 0 <= first - g.last_ts <= gap:
                 sim = _cos(pv, corpus.vec(m.id for m in g.members))
                 if sim >= best:
                     best, target = sim, g
-        dst = target or new_group()
+        dst = target or grouping.new_group()
         for m in piece:
-            move(m, dst)
+            grouping.move(m, dst)
 
-    # 2. split clusters over the size limit (only sampled members can move)
-    for g in list(groups.values()):
+
+def _split_large(
+    grouping: _Grouping, sampled: dict[str, Memory], corpus: _Corpus, cfg: SessionConfig
+) -> None:
+    for g in list(grouping.groups.values()):
         if len(g.members) <= cfg.max_cluster_size:
             continue
         movable = sorted((m for m in g.members if m.id in sampled), key=lambda m: (_ts(m), m.id))
@@ -206,21 +237,22 @@ def organize(
         for piece in pieces[1:]:
             if len(g.members) <= cfg.max_cluster_size:
                 break
-            dst = new_group()
+            dst = grouping.new_group()
             for m in piece:
-                move(m, dst)
+                grouping.move(m, dst)
 
-    # 3. merge near-duplicates
-    _merge(groups, corpus, cfg, move)
 
-    # 4. names, descriptions, tags; the plan
+def _plan_clusters(
+    grouping: _Grouping, sampled: dict[str, Memory], corpus: _Corpus
+) -> list[PlanCluster]:
+    """The clusters the plan touches, each with a name, description and tags: an existing
+    cluster keeps its own (missing ones are filled in), a new one gets distinct ones."""
     plan_clusters: list[PlanCluster] = []
     taken: set[str] = set()
-    live = [g for g in groups.values() if g.members or g.merge_from]
+    live = [g for g in grouping.groups.values() if g.members or g.merge_from]
     for g in live:
         if g.existing is not None and g.existing.name:
             taken.add(g.existing.name.lower())
-    idf_rank = corpus
     for g in live:
         touched = g.existing is None or any(m.id in sampled for m in g.members) or g.merge_from
         if not touched:
@@ -228,41 +260,20 @@ def organize(
         if g.existing is not None and g.existing.name:
             name, desc, tags = g.existing.name, g.existing.description, list(g.existing.tags)
             if not desc or not tags:
-                _, d2, t2 = _describe(g.members, idf_rank, taken)
+                _, d2, t2 = _describe(g.members, corpus, taken)
                 desc, tags = desc or d2, tags or t2
         else:
-            name, desc, tags = _describe(g.members, idf_rank, taken)
+            name, desc, tags = _describe(g.members, corpus, taken)
             taken.add(name.lower())
         plan_clusters.append(PlanCluster(g.ref, name, desc, tags, list(g.merge_from)))
-    refs = {pc.ref for pc in plan_clusters}
-    assign = {mid: home[mid] for mid in sampled if home.get(mid) in refs}
-    # a sampled memory of an untouched cluster cannot exist (sampled => touched)
-    reason = (
-        f"lexical organizer: {len(sampled)} memories into {len(plan_clusters)} clusters "
-        f"({new_count} new) by time episodes and topic shifts"
-    )
-    return Plan(clusters=plan_clusters, assign=assign, conflicts=[], reason=reason)
+    return plan_clusters
 
 
-def _merge(groups: dict[str, _Group], corpus: _Corpus, cfg: SessionConfig, move) -> None:
+def _merge(grouping: _Grouping, corpus: _Corpus, cfg: SessionConfig) -> None:
     """Merge clusters whose TF-IDF profiles are near-duplicates, within the size limit."""
-    live = [g for g in groups.values() if g.members]
-    vecs = {g.ref: corpus.vec(m.id for m in g.members) for g in live}
-    # candidate pairs share one of their top terms (avoids comparing every pair)
-    buckets: dict[str, list[str]] = {}
-    for ref, v in vecs.items():
-        for t in sorted(v, key=lambda t: -v[t])[:5]:
-            buckets.setdefault(t, []).append(ref)
-    pairs: set[tuple[str, str]] = set()
-    for refs in buckets.values():
-        for i, a in enumerate(refs[:50]):
-            for b in refs[i + 1 : 50]:
-                pairs.add((a, b) if a < b else (b, a))
-    scored = sorted(
-        ((_cos(vecs[a], vecs[b]), a, b) for a, b in pairs), key=lambda x: (-x[0], x[1], x[2])
-    )
+    groups = grouping.groups
     gone: set[str] = set()
-    for sim, a, b in scored:
+    for sim, a, b in _similar_pairs(groups, corpus):
         if sim < cfg.merge_similarity:
             break
         if a in gone or b in gone:
@@ -280,14 +291,44 @@ def _merge(groups: dict[str, _Group], corpus: _Corpus, cfg: SessionConfig, move)
             gb.members = []
         else:
             for m in list(gb.members):
-                move(m, ga)
+                grouping.move(m, ga)
         gone.add(gb.ref)
+
+
+def _similar_pairs(groups: dict[str, _Group], corpus: _Corpus) -> list[tuple[float, str, str]]:
+    """(cosine, ref, ref) of the candidate pairs of non-empty groups, most similar first.
+    Candidates share one of their top terms (avoids comparing every pair)."""
+    live = [g for g in groups.values() if g.members]
+    vecs = {g.ref: corpus.vec(m.id for m in g.members) for g in live}
+    buckets: dict[str, list[str]] = {}
+    for ref, v in vecs.items():
+        for t in sorted(v, key=lambda t: -v[t])[:5]:
+            buckets.setdefault(t, []).append(ref)
+    pairs: set[tuple[str, str]] = set()
+    for refs in buckets.values():
+        for i, a in enumerate(refs[:50]):
+            for b in refs[i + 1 : 50]:
+                pairs.add((a, b) if a < b else (b, a))
+    return sorted(
+        ((_cos(vecs[a], vecs[b]), a, b) for a, b in pairs), key=lambda x: (-x[0], x[1], x[2])
+    )
 
 
 def _describe(
     members: list[Memory], corpus: _Corpus, taken: set[str]
 ) -> tuple[str, str, list[str]]:
     """Name (2-5 distinctive words, distinct from `taken`), one-sentence description, tags."""
+    picked = _name_words(members, corpus)
+    name = _distinct_name(picked, taken)
+    tags = picked[:5]
+    when = _date_label(members)
+    about = ", ".join(picked[:3])
+    desc = f"{len(members)} memories about {about}" + (f", {when}." if when else ".")
+    return name, desc, tags
+
+
+def _name_words(members: list[Memory], corpus: _Corpus) -> list[str]:
+    """The members' most distinctive words, as written (at least two, with fillers)."""
     cover: Counter[str] = Counter()
     for m in members:
         cover.update(corpus.tf.get(m.id, {}).keys())
@@ -308,6 +349,11 @@ def _describe(
     for filler in ("misc", "notes"):
         if len(picked) < 2 and filler not in picked:
             picked.append(filler)
+    return picked
+
+
+def _distinct_name(picked: list[str], taken: set[str]) -> str:
+    """The first of 3, 4, 5 words, then pairs, not in `taken`; else numbered."""
     options = [picked[:n] for n in (_NAME_WORDS, 4, 5) if len(picked) >= n]
     options += [[picked[0], w] for w in picked[1:]] + [picked[:2]]
     name = ""
@@ -320,11 +366,7 @@ def _describe(
     while not name or name.lower() in taken:
         name = " ".join(w.capitalize() for w in picked[:3]) + f" {k}"
         k += 1
-    tags = picked[:5]
-    when = _date_label(members)
-    about = ", ".join(picked[:3])
-    desc = f"{len(members)} memories about {about}" + (f", {when}." if when else ".")
-    return name, desc, tags
+    return name
 
 
 def _date_label(members: list[Memory]) -> str:

@@ -208,24 +208,35 @@ def parse_plan(data: Mapping[str, Any], aliases: Aliases) -> Plan:
     """Map an answer in aliases back to real ids. Raises PlanError listing every problem
     (unknown alias, a memory assigned twice, a cluster described twice, wrong types)."""
     problems: list[str] = []
-
-    def ref_of(alias: Any, where: str) -> str | None:
-        if isinstance(alias, str):
-            if alias in aliases.clusters:
-                return aliases.clusters[alias]
-            m = _NEW_ALIAS_RE.match(alias)
-            if m and 1 <= int(m.group(1)) <= aliases.max_new:
-                return NEW_PREFIX + m.group(1)
-        problems.append(f"{where}: unknown cluster id {alias!r}")
-        return None
-
     plan = Plan(reason=str(data.get("reason") or "")[:REASON_MAX_CHARS])
+    plan.clusters = _parse_clusters(data.get("clusters"), aliases, problems)
+    plan.assign = _parse_assign(data.get("assign"), aliases, problems)
+    plan.conflicts = _parse_conflicts(data.get("conflicts"), aliases, problems)
+    if problems:
+        raise PlanError(problems)
+    return plan
+
+
+def _ref_of(alias: Any, aliases: Aliases, where: str, problems: list[str]) -> str | None:
+    """The cluster ref an alias names (`C<i>`: an existing cluster, `N<k>`: a new one)."""
+    if isinstance(alias, str):
+        if alias in aliases.clusters:
+            return aliases.clusters[alias]
+        m = _NEW_ALIAS_RE.match(alias)
+        if m and 1 <= int(m.group(1)) <= aliases.max_new:
+            return NEW_PREFIX + m.group(1)
+    problems.append(f"{where}: unknown cluster id {alias!r}")
+    return None
+
+
+def _parse_clusters(value: Any, aliases: Aliases, problems: list[str]) -> list[PlanCluster]:
+    out: list[PlanCluster] = []
     seen_refs: set[str] = set()
-    for i, item in enumerate(_as_list(data.get("clusters"), "clusters", problems)):
+    for i, item in enumerate(_as_list(value, "clusters", problems)):
         if not isinstance(item, Mapping):
             problems.append(f"clusters[{i}] is not an object")
             continue
-        ref = ref_of(item.get("id"), f"clusters[{i}]")
+        ref = _ref_of(item.get("id"), aliases, f"clusters[{i}]", problems)
         if ref is None:
             continue
         if ref in seen_refs:
@@ -238,7 +249,7 @@ def parse_plan(data: Mapping[str, Any], aliases: Aliases) -> Plan:
                 merge.append(aliases.clusters[alias])
             else:
                 problems.append(f"clusters[{i}].merge: unknown cluster id {alias!r}")
-        plan.clusters.append(
+        out.append(
             PlanCluster(
                 ref=ref,
                 name=" ".join(str(item.get("name") or "").split()),
@@ -247,38 +258,45 @@ def parse_plan(data: Mapping[str, Any], aliases: Aliases) -> Plan:
                 merge_from=merge,
             )
         )
-    raw_assign = data.get("assign")
+    return out
+
+
+def _parse_assign(raw: Any, aliases: Aliases, problems: list[str]) -> dict[str, str]:
     pairs: list[tuple[Any, Any]]
-    if isinstance(raw_assign, Mapping):
-        pairs = list(raw_assign.items())
+    if isinstance(raw, Mapping):
+        pairs = list(raw.items())
     else:  # also accept [{"memory": "M1", "cluster": "C2"}, ...]
         pairs = [
             (p.get("memory"), p.get("cluster")) if isinstance(p, Mapping) else (None, None)
-            for p in _as_list(raw_assign, "assign", problems)
+            for p in _as_list(raw, "assign", problems)
         ]
+    assign: dict[str, str] = {}
     for malias, calias in pairs:
         if malias not in aliases.memories:
             problems.append(f"assign: unknown memory id {malias!r}")
             continue
         mid = aliases.memories[malias]
-        ref = ref_of(calias, f"assign.{malias}")
+        ref = _ref_of(calias, aliases, f"assign.{malias}", problems)
         if ref is None:
             continue
-        if mid in plan.assign:
+        if mid in assign:
             problems.append(f"memory {malias} is assigned twice")
             continue
-        plan.assign[mid] = ref
-    for i, item in enumerate(_as_list(data.get("conflicts"), "conflicts", problems)):
+        assign[mid] = ref
+    return assign
+
+
+def _parse_conflicts(value: Any, aliases: Aliases, problems: list[str]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for i, item in enumerate(_as_list(value, "conflicts", problems)):
         if not isinstance(item, Mapping):
             continue
         newer, older = item.get("newer"), item.get("older")
         if newer in aliases.memories and older in aliases.memories and newer != older:
-            plan.conflicts.append((aliases.memories[newer], aliases.memories[older]))
+            out.append((aliases.memories[newer], aliases.memories[older]))
         elif newer != older:
             problems.append(f"conflicts[{i}]: unknown memory id {newer!r} or {older!r}")
-    if problems:
-        raise PlanError(problems)
-    return plan
+    return out
 
 
 def _as_list(value: Any, where: str, problems: list[str]) -> list[Any]:
@@ -308,26 +326,33 @@ def validate_plan(plan: Plan, sampled_ids: Iterable[str], state: StateLike) -> l
     """Everything wrong with `plan` against the store as it is now; [] means apply it."""
     sampled = set(sampled_ids)
     problems: list[str] = []
+    declared, merged = _check_clusters(plan.clusters, state, problems)
+    _check_assign(plan.assign, sampled, declared, merged, state, problems)
+    _check_names(declared, merged, state, problems)
+    for newer, older in plan.conflicts:
+        if newer not in sampled or older not in sampled:
+            problems.append(f"conflict names a memory outside the sample ({newer}, {older})")
+    for keep, drop in plan.dedupe:
+        if keep == drop or state.memory(keep) is None or state.memory(drop) is None:
+            problems.append(f"cannot merge memory {drop} into {keep}")
+    return problems
+
+
+def _check_clusters(
+    clusters: list[PlanCluster], state: StateLike, problems: list[str]
+) -> tuple[dict[str, PlanCluster], dict[str, str]]:
+    """The clusters the plan declares (ref -> cluster) and merges away (cid -> into ref)."""
     declared: dict[str, PlanCluster] = {}
-    merged: dict[str, str] = {}  # merged-away cid -> into ref
-    for pc in plan.clusters:
+    merged: dict[str, str] = {}
+    for pc in clusters:
         if pc.ref in declared:
             problems.append(f"cluster {pc.ref} is described twice")
             continue
         declared[pc.ref] = pc
-        if pc.ref.startswith(NEW_PREFIX):
-            pass
-        elif pc.ref not in state.clusters:
+        if not pc.ref.startswith(NEW_PREFIX) and pc.ref not in state.clusters:
             problems.append(f"unknown cluster {pc.ref}")
             continue
-        existing = state.clusters.get(pc.ref)
-        if existing is None or existing.name != pc.name:
-            if p := name_problem(pc.name):
-                problems.append(p)
-        if len(pc.description) > DESCRIPTION_MAX_CHARS:
-            problems.append(f"description of {pc.name!r} is too long")
-        if existing is not None and existing.pinned and existing.name != pc.name:
-            problems.append(f"cluster {existing.name!r} is pinned and cannot be renamed")
+        _check_fields(pc, state.clusters.get(pc.ref), problems)
         for src in pc.merge_from:
             if src == pc.ref:
                 continue
@@ -342,7 +367,29 @@ def validate_plan(plan: Plan, sampled_ids: Iterable[str], state: StateLike) -> l
     for src in merged:
         if src in declared:
             problems.append(f"cluster {src} is both merged away and kept")
-    for mid, ref in plan.assign.items():
+    return declared, merged
+
+
+def _check_fields(pc: PlanCluster, existing: Cluster | None, problems: list[str]) -> None:
+    if existing is None or existing.name != pc.name:
+        if p := name_problem(pc.name):
+            problems.append(p)
+    if len(pc.description) > DESCRIPTION_MAX_CHARS:
+        problems.append(f"description of {pc.name!r} is too long")
+    if existing is not None and existing.pinned and existing.name != pc.name:
+        problems.append(f"cluster {existing.name!r} is pinned and cannot be renamed")
+
+
+def _check_assign(
+    assign: dict[str, str],
+    sampled: set[str],
+    declared: dict[str, PlanCluster],
+    merged: dict[str, str],
+    state: StateLike,
+    problems: list[str],
+) -> None:
+    """Every sampled memory goes somewhere that exists, and every new cluster gets one."""
+    for mid, ref in assign.items():
         if mid not in sampled:
             problems.append(f"unknown memory {mid} (not in the sample)")
         elif state.locate(mid) is None:
@@ -354,13 +401,21 @@ def validate_plan(plan: Plan, sampled_ids: Iterable[str], state: StateLike) -> l
             problems.append(f"memory {mid} goes to unknown cluster {ref}")
         elif ref in merged:
             problems.append(f"memory {mid} goes to {ref}, which is merged away")
-    for mid in sorted(sampled - set(plan.assign)):
+    for mid in sorted(sampled - set(assign)):
         problems.append(f"memory {mid} was dropped (not assigned)")
-    used = set(plan.assign.values())
+    used = set(assign.values())
     for ref, pc in declared.items():
         if ref.startswith(NEW_PREFIX) and ref not in used:
             problems.append(f"new cluster {pc.name!r} is empty")
-    # names: distinct among the plan and against every hot cluster the plan leaves as is
+
+
+def _check_names(
+    declared: dict[str, PlanCluster],
+    merged: dict[str, str],
+    state: StateLike,
+    problems: list[str],
+) -> None:
+    """Names distinct among the plan and against every hot cluster the plan leaves as is."""
     names: dict[str, str] = {}
     final_names = [(ref, pc.name) for ref, pc in declared.items()]
     final_names += [
@@ -373,13 +428,6 @@ def validate_plan(plan: Plan, sampled_ids: Iterable[str], state: StateLike) -> l
         if key in names and names[key] != ref:
             problems.append(f"duplicate cluster name {name!r}")
         names.setdefault(key, ref)
-    for newer, older in plan.conflicts:
-        if newer not in sampled or older not in sampled:
-            problems.append(f"conflict names a memory outside the sample ({newer}, {older})")
-    for keep, drop in plan.dedupe:
-        if keep == drop or state.memory(keep) is None or state.memory(drop) is None:
-            problems.append(f"cannot merge memory {drop} into {keep}")
-    return problems
 
 
 # -- applying ----------------------------------------------------------------------------
@@ -419,128 +467,166 @@ def apply_plan(
     """Mutate `state` as the plan says. Memories the plan does not name stay where they are;
     existing clusters left empty are removed. Call `validate_plan` first. `touch` (the writer
     context) is told about every file before it changes."""
-    now = now or now_iso()
-    out = Applied()
+    run = _Applying(state, touch, now or now_iso())
+    target = run.declare(plan.clusters)
+    run.merge(plan.clusters, target)
+    run.move(plan.assign, target)
+    run.dedupe(plan.dedupe)
+    run.supersede(plan.conflicts)
+    run.tidy()
+    return run.out
 
-    def mark_cluster(cid: str) -> None:
-        if touch is not None and cid not in out.changed and cid not in out.removed:
-            touch.touch_cluster(cid)
+
+class _Applying:
+    """One `apply_plan` in progress: the state it changes and what it has changed."""
+
+    def __init__(self, state: StateLike, touch: Toucher | None, now: str) -> None:
+        self.state, self.touch, self.now = state, touch, now
+        self.out = Applied()
+
+    def mark_cluster(self, cid: str) -> None:
+        out = self.out
+        if self.touch is not None and cid not in out.changed and cid not in out.removed:
+            self.touch.touch_cluster(cid)
         out.changed.add(cid)
 
-    def mark_shard(name: str) -> None:
-        if touch is not None and name not in out.shards:
-            touch.touch_shard(name)
-        out.shards.add(name)
+    def mark_shard(self, name: str) -> None:
+        if self.touch is not None and name not in self.out.shards:
+            self.touch.touch_shard(name)
+        self.out.shards.add(name)
 
-    target: dict[str, str] = {}
-    for pc in plan.clusters:
-        if pc.ref.startswith(NEW_PREFIX):
-            cid = new_cluster_id()
-            while cid in state.clusters or cid in state.archived:
+    def declare(self, clusters: list[PlanCluster]) -> dict[str, str]:
+        """Create the new clusters and update the kept ones; ref -> cluster id."""
+        state, now = self.state, self.now
+        target: dict[str, str] = {}
+        for pc in clusters:
+            if pc.ref.startswith(NEW_PREFIX):
                 cid = new_cluster_id()
-            state.clusters[cid] = Cluster(
-                cid, pc.name, pc.description, list(pc.tags[:MAX_TAGS]), now, now
-            )
-            out.created[pc.ref] = cid
-            target[pc.ref] = cid
-            mark_cluster(cid)
-        else:
-            c = state.clusters[pc.ref]
-            target[pc.ref] = pc.ref
-            new_fields = (
-                pc.name or c.name,
-                pc.description or c.description,
-                list(pc.tags[:MAX_TAGS]) or c.tags,
-            )
-            if new_fields != (c.name, c.description, c.tags):
-                c.name, c.description, c.tags = new_fields
-                mark_cluster(c.id)
-    for pc in plan.clusters:
-        dest = state.clusters[target[pc.ref]]
-        for src in pc.merge_from:
-            if src == dest.id or src not in state.clusters:
+                while cid in state.clusters or cid in state.archived:
+                    cid = new_cluster_id()
+                state.clusters[cid] = Cluster(
+                    cid, pc.name, pc.description, list(pc.tags[:MAX_TAGS]), now, now
+                )
+                self.out.created[pc.ref] = cid
+                target[pc.ref] = cid
+                self.mark_cluster(cid)
+            else:
+                c = state.clusters[pc.ref]
+                target[pc.ref] = pc.ref
+                new_fields = (
+                    pc.name or c.name,
+                    pc.description or c.description,
+                    list(pc.tags[:MAX_TAGS]) or c.tags,
+                )
+                if new_fields != (c.name, c.description, c.tags):
+                    c.name, c.description, c.tags = new_fields
+                    self.mark_cluster(c.id)
+        return target
+
+    def merge(self, clusters: list[PlanCluster], target: dict[str, str]) -> None:
+        state, out = self.state, self.out
+        for pc in clusters:
+            dest = state.clusters[target[pc.ref]]
+            for src in pc.merge_from:
+                if src == dest.id or src not in state.clusters:
+                    continue
+                victim = state.clusters.pop(src)
+                self.mark_cluster(dest.id)
+                if self.touch is not None:
+                    self.touch.touch_cluster(src)
+                out.removed.add(src)
+                out.changed.discard(src)
+                dest.memories.extend(victim.memories)
+                dest.supersedes.update(victim.supersedes)
+                out.moved += len(victim.memories)
+                out.notes.append(f"merged {victim.name!r} ({src}) into {dest.name!r}")
+
+    def move(self, assign: dict[str, str], target: dict[str, str]) -> None:
+        state = self.state
+        for mid, ref in assign.items():
+            cid = target.get(ref, ref)
+            if cid not in state.clusters:
                 continue
-            victim = state.clusters.pop(src)
-            mark_cluster(dest.id)
-            if touch is not None:
-                touch.touch_cluster(src)
-            out.removed.add(src)
-            out.changed.discard(src)
-            dest.memories.extend(victim.memories)
-            dest.supersedes.update(victim.supersedes)
-            out.moved += len(victim.memories)
-            out.notes.append(f"merged {victim.name!r} ({src}) into {dest.name!r}")
-    for mid, ref in plan.assign.items():
-        cid = target.get(ref, ref)
-        if cid not in state.clusters:
-            continue
-        where = state.locate(mid)
-        if where is None or where == ("cluster", cid) or where[0] == "archive":
-            continue
-        area, key = where
+            where = state.locate(mid)
+            if where is None or where == ("cluster", cid) or where[0] == "archive":
+                continue
+            mem = self._take(mid, *where)
+            self.mark_cluster(cid)
+            state.clusters[cid].memories.append(mem)
+            self.out.moved += 1
+
+    def _take(self, mid: str, area: str, key: str) -> Memory:
+        """Remove a memory from its unsorted shard or cluster, and return it."""
+        state = self.state
         if area == "unsorted":
-            mark_shard(key)
+            self.mark_shard(key)
             shard = state.unsorted[key]
             idx = next(i for i, m in enumerate(shard) if m.id == mid)
-            mem = shard.pop(idx)
-        else:
-            mark_cluster(key)
-            src_c = state.clusters[key]
-            idx = next(i for i, m in enumerate(src_c.memories) if m.id == mid)
-            mem = src_c.memories.pop(idx)
-            # a supersedes pair only means something inside one cluster
-            if mid in src_c.supersedes:
-                del src_c.supersedes[mid]
-            for newer in [n for n, o in src_c.supersedes.items() if o == mid]:
-                del src_c.supersedes[newer]
-        mark_cluster(cid)
-        state.clusters[cid].memories.append(mem)
-        out.moved += 1
-    for keep_id, drop_id in plan.dedupe:
-        kw, dw = state.locate(keep_id), state.locate(drop_id)
-        if kw is None or dw is None or kw[0] != "cluster" or dw[0] != "cluster":
-            continue
-        keep_c, drop_c = state.clusters[kw[1]], state.clusters[dw[1]]
-        keep = next(m for m in keep_c.memories if m.id == keep_id)
-        drop = next(m for m in drop_c.memories if m.id == drop_id)
-        drop_c.memories.remove(drop)
-        for newer in [n for n, o in drop_c.supersedes.items() if drop_id in (n, o)]:
-            del drop_c.supersedes[newer]
-        merged = list(keep.metadata.get("merged") or [])
-        merged.append({"id": drop.id, "content": drop.content, "created_at": drop.created_at})
-        keep.metadata["merged"] = merged
-        mark_cluster(keep_c.id)
-        mark_cluster(drop_c.id)
-        out.dropped.append(drop)
-        out.notes.append(
-            f"merged memory {drop.id} {drop.content!r} into {keep.id} {keep.content!r}"
-        )
-    for a_id, b_id in plan.conflicts:
-        wa, wb = state.locate(a_id), state.locate(b_id)
-        if wa is None or wa != wb or wa[0] != "cluster":
-            continue
-        c = state.clusters[wa[1]]
-        ma, mb = state.memory(a_id), state.memory(b_id)
-        assert ma is not None and mb is not None
-        new_m, old_m = _newer_first(ma, mb)
-        if c.supersedes.get(new_m.id) != old_m.id and c.supersedes.get(old_m.id) != new_m.id:
-            c.supersedes[new_m.id] = old_m.id
-            mark_cluster(c.id)
-            out.notes.append(f"{new_m.id} supersedes {old_m.id} in {c.name!r}")
-    for cid in sorted(out.changed):
-        cur = state.clusters.get(cid)
-        if cur is None:
-            continue
-        if not cur.memories:
-            del state.clusters[cid]
-            out.changed.discard(cid)
-            out.removed.add(cid)
-        else:
-            cur.updated_at = now
-    for name in out.shards:
-        if not state.unsorted.get(name):
-            state.unsorted.pop(name, None)  # the writer deletes the emptied shard's file
-    return out
+            return shard.pop(idx)
+        self.mark_cluster(key)
+        src_c = state.clusters[key]
+        idx = next(i for i, m in enumerate(src_c.memories) if m.id == mid)
+        mem = src_c.memories.pop(idx)
+        # a supersedes pair only means something inside one cluster
+        if mid in src_c.supersedes:
+            del src_c.supersedes[mid]
+        for newer in [n for n, o in src_c.supersedes.items() if o == mid]:
+            del src_c.supersedes[newer]
+        return mem
+
+    def dedupe(self, pairs: list[tuple[str, str]]) -> None:
+        state = self.state
+        for keep_id, drop_id in pairs:
+            kw, dw = state.locate(keep_id), state.locate(drop_id)
+            if kw is None or dw is None or kw[0] != "cluster" or dw[0] != "cluster":
+                continue
+            keep_c, drop_c = state.clusters[kw[1]], state.clusters[dw[1]]
+            keep = next(m for m in keep_c.memories if m.id == keep_id)
+            drop = next(m for m in drop_c.memories if m.id == drop_id)
+            drop_c.memories.remove(drop)
+            for newer in [n for n, o in drop_c.supersedes.items() if drop_id in (n, o)]:
+                del drop_c.supersedes[newer]
+            merged = list(keep.metadata.get("merged") or [])
+            merged.append({"id": drop.id, "content": drop.content, "created_at": drop.created_at})
+            keep.metadata["merged"] = merged
+            self.mark_cluster(keep_c.id)
+            self.mark_cluster(drop_c.id)
+            self.out.dropped.append(drop)
+            self.out.notes.append(
+                f"merged memory {drop.id} {drop.content!r} into {keep.id} {keep.content!r}"
+            )
+
+    def supersede(self, conflicts: list[tuple[str, str]]) -> None:
+        state = self.state
+        for a_id, b_id in conflicts:
+            wa, wb = state.locate(a_id), state.locate(b_id)
+            if wa is None or wa != wb or wa[0] != "cluster":
+                continue
+            c = state.clusters[wa[1]]
+            ma, mb = state.memory(a_id), state.memory(b_id)
+            assert ma is not None and mb is not None
+            new_m, old_m = _newer_first(ma, mb)
+            if c.supersedes.get(new_m.id) != old_m.id and c.supersedes.get(old_m.id) != new_m.id:
+                c.supersedes[new_m.id] = old_m.id
+                self.mark_cluster(c.id)
+                self.out.notes.append(f"{new_m.id} supersedes {old_m.id} in {c.name!r}")
+
+    def tidy(self) -> None:
+        """Remove the clusters left empty and the emptied shards; date the changed ones."""
+        state, out = self.state, self.out
+        for cid in sorted(out.changed):
+            cur = state.clusters.get(cid)
+            if cur is None:
+                continue
+            if not cur.memories:
+                del state.clusters[cid]
+                out.changed.discard(cid)
+                out.removed.add(cid)
+            else:
+                cur.updated_at = self.now
+        for name in out.shards:
+            if not state.unsorted.get(name):
+                state.unsorted.pop(name, None)  # the writer deletes the emptied shard's file
 
 
 def check_invariants(
@@ -636,26 +722,43 @@ def size_policy(
     plan = Plan()
     reasons: list[str] = []
     taken: set[str] = set()
-    names = {c.name.casefold() for c in state.clusters.values()}
-    # near-identical memories inside one cluster
     for c in state.clusters.values():
-        terms = [(m, _terms(m.content)) for m in c.memories]
-        gone: set[str] = set()
-        for i, (ma, ta) in enumerate(terms):
-            if ma.id in gone:
+        _fold_near_identical(c, plan, reasons)
+    _merge_near_duplicates(state, max_size, merge_similarity, plan, taken, reasons)
+    _split_oversized(state, max_size, min_size, plan, taken, reasons)
+    if plan.is_empty():
+        return None
+    plan.reason = "size policy: " + "; ".join(reasons)
+    return plan
+
+
+def _fold_near_identical(c: Cluster, plan: Plan, reasons: list[str]) -> None:
+    """Near-identical memories inside one cluster: the shorter folds into the longer."""
+    terms = [(m, _terms(m.content)) for m in c.memories]
+    gone: set[str] = set()
+    for i, (ma, ta) in enumerate(terms):
+        if ma.id in gone:
+            continue
+        for mb, tb in terms[i + 1 :]:
+            if mb.id in gone or _jaccard(ta, tb) < NEAR_IDENTICAL:
                 continue
-            for mb, tb in terms[i + 1 :]:
-                if mb.id in gone or _jaccard(ta, tb) < NEAR_IDENTICAL:
-                    continue
-                keep, drop = (ma, mb) if len(ma.content) >= len(mb.content) else (mb, ma)
-                if keep.id in gone:
-                    continue
-                plan.dedupe.append((keep.id, drop.id))
-                gone.add(drop.id)
-        if gone:
-            reasons.append(f"folded {len(gone)} near-identical memories in {c.name!r}")
-    gone_all = {d for _k, d in plan.dedupe}
-    # near-duplicate clusters
+            keep, drop = (ma, mb) if len(ma.content) >= len(mb.content) else (mb, ma)
+            if keep.id in gone:
+                continue
+            plan.dedupe.append((keep.id, drop.id))
+            gone.add(drop.id)
+    if gone:
+        reasons.append(f"folded {len(gone)} near-identical memories in {c.name!r}")
+
+
+def _merge_near_duplicates(
+    state: StateLike,
+    max_size: int,
+    merge_similarity: float,
+    plan: Plan,
+    taken: set[str],
+    reasons: list[str],
+) -> None:
     hot = [c for c in state.clusters.values() if c.memories and not c.pinned]
     bags = {c.id: _bag(c) for c in hot}
     for i, a in enumerate(hot):
@@ -672,7 +775,18 @@ def size_policy(
                 taken.update({a.id, b.id})
                 reasons.append(f"merged near-duplicate {small.name!r} into {big.name!r}")
                 break
-    # oversized clusters
+
+
+def _split_oversized(
+    state: StateLike,
+    max_size: int,
+    min_size: int,
+    plan: Plan,
+    taken: set[str],
+    reasons: list[str],
+) -> None:
+    names = {c.name.casefold() for c in state.clusters.values()}
+    gone_all = {d for _k, d in plan.dedupe}
     k = 0
     for c in state.clusters.values():
         live = [m for m in c.memories if m.id not in gone_all]
@@ -696,10 +810,6 @@ def size_policy(
         for m in part:
             plan.assign[m.id] = ref
         reasons.append(f"split {len(part)} of {len(live)} memories out of {c.name!r}")
-    if plan.is_empty():
-        return None
-    plan.reason = "size policy: " + "; ".join(reasons)
-    return plan
 
 
 def _bisect(mems: list[Memory], min_size: int) -> list[Memory] | None:

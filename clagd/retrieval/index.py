@@ -352,6 +352,237 @@ def _forward(
     return np.concatenate(pos_l), np.concatenate(tid_l), np.concatenate(tf_l)
 
 
+TermsOf = Callable[[Memory], tuple[np.ndarray, np.ndarray | None]]
+
+
+class _Change:
+    """One `Index._apply` in progress, on copies of the old snapshot's arrays. The steps, in
+    order: `free` the slots of removed (and re-upserted) clusters and removed unsorted
+    memories, `place_clusters`, `place_unsorted`, then `into(new)` writes the new snapshot's
+    memory arrays, postings and cluster profiles."""
+
+    def __init__(self, old: Index, claimed: set[str], terms_of: TermsOf | None) -> None:
+        self.old = old
+        self.terms_of = terms_of
+        self.claimed = claimed  # every memory that has a place after this change
+        self.base, self.cbase = len(old._mems), len(old._clusters)
+        self.alive = old._alive.copy()
+        self.c_alive = old._c_alive.copy()
+        self.group = old._group.copy()
+        self.changes: dict[str, int] = {}  # memory id -> new slot, or -1: gone
+        self.cslot_of = dict(old._cslot_of)
+        self.n_alive, self.total_len = old._n_alive, old._total_len
+        self.c_total_len = old._c_total_len
+        # the memories given new slots (from `base` on)
+        self.new_mems: list[Memory] = []
+        self.new_len: list[float] = []
+        self.new_alive: list[bool] = []
+        self.new_group: list[int] = []
+        self.all_tids: list[int] = []  # tokenized here: the new memories' term ids, in order
+        self.doc_terms: list[tuple[np.ndarray, np.ndarray | None]] = []  # from `terms_of`
+        self.placed: set[str] = set()
+        self.chains: list[list[int]] = []  # per upserted cluster: member slots in time order
+        self.labels: list[list[int]] = []  # per upserted cluster: its label's term ids
+        self.epoch_of: dict[int, float] = {}  # parsed once for the chain order and the times
+        self.loose: list[int] = []  # slots of the added unsorted memories
+
+    def lookup(self, mid: str) -> int | None:
+        v = self.changes.get(mid)
+        if v is None:
+            return self.old._slot_of.get(mid)
+        return None if v < 0 else v
+
+    def kill(self, slot: int) -> None:
+        old, base = self.old, self.base
+        if slot >= base:
+            if self.new_alive[slot - base]:
+                self.new_alive[slot - base] = False
+                self.n_alive -= 1
+                self.total_len -= self.new_len[slot - base]
+        elif self.alive[slot]:
+            self.alive[slot] = False
+            self.n_alive -= 1
+            self.total_len -= float(old._len[slot])
+        mid = (old._mems[slot] if slot < base else self.new_mems[slot - base]).id
+        if self.lookup(mid) == slot:
+            self.changes[mid] = -1
+
+    def free(self, clusters: Iterable[str], unsorted: Iterable[str]) -> None:
+        """Free the slots of these clusters and unsorted memories, except the memories that
+        are placed again (an unchanged memory keeps its slot)."""
+        old = self.old
+        for cid in clusters:
+            cslot = self.cslot_of.pop(cid, None)
+            if cslot is None:
+                continue
+            self.c_alive[cslot] = False
+            self.c_total_len -= float(old._c_len[cslot])
+            for slot in old._members[cslot].tolist():
+                if self.alive[slot] and old._mems[slot].id not in self.claimed:
+                    self.kill(slot)
+        for mid in unsorted:
+            slot = old._slot_of.get(mid)
+            if slot is not None and old._group[slot] < 0 and mid not in self.claimed:
+                self.kill(slot)
+
+    def place(self, m: Memory, g: int) -> int:
+        """The slot of `m` in cluster slot `g` (-1: unsorted): its old one when unchanged."""
+        old = self.old
+        slot = self.lookup(m.id)
+        if slot is not None:
+            if m.id in self.placed:  # named twice in one change: the later place wins
+                self.kill(slot)
+            elif slot < self.base and (old._mems[slot] is m or old._mems[slot] == m):
+                self.group[slot] = g  # unchanged memory: keep its slot (and postings)
+                self.placed.add(m.id)
+                return slot
+            else:
+                self.kill(slot)
+        self.placed.add(m.id)
+        slot = self.base + len(self.new_mems)
+        self.new_mems.append(m)
+        self.new_alive.append(True)
+        self.new_group.append(g)
+        self._add_terms(m)
+        self.changes[m.id] = slot
+        self.n_alive += 1
+        self.total_len += self.new_len[-1]
+        return slot
+
+    def _add_terms(self, m: Memory) -> None:
+        if self.terms_of is None:
+            vocab = self.old._vocab
+            ids = [vocab.setdefault(t, len(vocab)) for t in self.old._tokens(m.content)]
+            self.all_tids.extend(ids)
+            self.new_len.append(float(len(ids)))
+        else:
+            tid, tf = self.terms_of(m)
+            self.doc_terms.append((tid, tf))
+            self.new_len.append(float(len(tid) if tf is None else tf.sum()))
+
+    def place_clusters(self, clusters: Iterable[Cluster]) -> None:
+        """New cluster slots; each one's members placed in time order (its chain)."""
+        vocab, tokens = self.old._vocab, self.old._tokens
+        epoch_of = self.epoch_of
+        for j, c in enumerate(clusters):
+            cslot = self.cbase + j
+            self.cslot_of[c.id] = cslot
+            seen: set[str] = set()
+            chain: list[int] = []
+            for m in c.memories:
+                epoch_of[id(m)] = _epoch(m.created_at)
+            for m in sorted(c.memories, key=lambda m: _chain_key(m, epoch_of[id(m)])):
+                if m.id not in seen:
+                    seen.add(m.id)
+                    chain.append(self.place(m, cslot))
+            self.chains.append(chain)
+            label = " ".join([c.name, c.description, *c.tags])
+            self.labels.append([vocab.setdefault(t, len(vocab)) for t in tokens(label)])
+
+    def place_unsorted(self, memories: Iterable[Memory]) -> None:
+        self.loose = [self.place(m, -1) for m in memories]
+
+    def into(self, new: Index, clusters: list[Cluster]) -> None:
+        """Write the new snapshot's memory arrays, postings and cluster profiles."""
+        n_terms = len(self.old._vocab)
+        self._memory_arrays(new)
+        new._segs = _with_segment(
+            self.old._segs, self._memory_segment(n_terms), new._alive, n_terms
+        )
+        self._cluster_profiles(new, clusters, n_terms)
+
+    def _memory_arrays(self, new: Index) -> None:
+        old, mems = self.old, self.new_mems
+        new._alive = np.concatenate((self.alive, np.asarray(self.new_alive, dtype=bool)))
+        new._group = np.concatenate((self.group, np.asarray(self.new_group, dtype=np.int32)))
+        new._prev, new._next = self._neighbours()
+        new._mems = old._mems.extended(mems)
+        new._len = np.concatenate((old._len, np.asarray(self.new_len, dtype=np.float32)))
+        epoch_of = self.epoch_of
+        times = [epoch_of[id(m)] if id(m) in epoch_of else _epoch(m.created_at) for m in mems]
+        new._ts = np.concatenate((old._ts, np.asarray(times, dtype=np.float64)))
+        new._imp = np.concatenate(
+            (old._imp, np.asarray([_importance(m) for m in mems], dtype=np.float32))
+        )
+        new._tok = np.concatenate(
+            (old._tok, np.asarray([estimate_tokens(m.content) for m in mems], dtype=np.int32))
+        )
+        new._slot_of = old._slot_of.updated(self.changes)
+        new._n_alive = self.n_alive
+        new._total_len = self.total_len
+
+    def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        """The temporal neighbour links (prev, next) along every chain; none for unsorted."""
+        k = len(self.new_mems)
+        prev = np.concatenate((self.old._prev, np.full(k, -1, dtype=np.int32)))
+        nxt = np.concatenate((self.old._next, np.full(k, -1, dtype=np.int32)))
+        for chain in self.chains:
+            if chain:
+                sl = np.asarray(chain, dtype=np.int64)
+                prev[sl[0]] = -1
+                nxt[sl[-1]] = -1
+                prev[sl[1:]] = sl[:-1]
+                nxt[sl[:-1]] = sl[1:]
+        if self.loose:
+            sl = np.asarray(self.loose, dtype=np.int64)
+            prev[sl] = -1
+            nxt[sl] = -1
+        return prev, nxt
+
+    def _memory_segment(self, n_terms: int) -> _Segment | None:
+        """The postings of the new slots, from their term ids (and counts, when given)."""
+        k = len(self.new_mems)
+        if not k:
+            return None
+        if self.terms_of is None:
+            lens = np.asarray(self.new_len, dtype=np.int64)
+            doc = np.repeat(np.arange(k, dtype=np.int64), lens)
+            tid = np.asarray(self.all_tids, dtype=np.int64)
+            w = np.ones(len(tid), dtype=np.float64)
+        else:
+            doc_terms = self.doc_terms
+            doc = np.repeat(np.arange(k), [len(t) for t, _ in doc_terms])
+            tid = np.concatenate([t for t, _ in doc_terms] or [_EMPTY_I])
+            if all(f is None for _, f in doc_terms):
+                w = np.ones(len(tid), dtype=np.float64)
+            else:
+                w = np.concatenate(
+                    [np.ones(len(t), dtype=np.float32) if f is None else f for t, f in doc_terms]
+                    or [_EMPTY_F]
+                ).astype(np.float64)
+        return _make_segment(self.base, k, doc, tid, w, n_terms)
+
+    def _cluster_profiles(self, new: Index, clusters: list[Cluster], n_terms: int) -> None:
+        """Cluster profiles: the members' term counts (from the forward postings, never
+        re-tokenized) plus the label terms, weighted."""
+        old, chains, labels = self.old, self.chains, self.labels
+        nc = len(clusters)
+        members = [np.asarray(ch, dtype=np.int32) for ch in chains]
+        cseg = None
+        c_lens: np.ndarray = np.zeros(nc, dtype=np.float64)
+        if nc:
+            all_members = np.concatenate(members) if members else _EMPTY_I
+            owner = np.repeat(np.arange(nc), [len(ch) for ch in chains])
+            pos, tid_m, tf_m = _forward(new._segs, all_members)
+            lab_doc = np.repeat(np.arange(nc), [len(lb) for lb in labels])
+            lab_tid = np.asarray([t for lb in labels for t in lb], dtype=np.int64)
+            cdoc = np.concatenate((owner[pos], lab_doc)).astype(np.int64)
+            ctid = np.concatenate((tid_m.astype(np.int64), lab_tid))
+            cw = np.concatenate(
+                (tf_m.astype(np.float64), np.full(len(lab_tid), float(PROFILE_FIELD_WEIGHT)))
+            )
+            c_lens = np.bincount(cdoc, weights=cw, minlength=nc)[:nc]
+            self.c_total_len += float(c_lens.sum())
+            cseg = _make_segment(self.cbase, nc, cdoc, ctid, cw, n_terms)
+        new._clusters = old._clusters + clusters
+        new._members = old._members + members
+        new._c_len = np.concatenate((old._c_len, c_lens.astype(np.float32)))
+        new._c_alive = np.concatenate((self.c_alive, np.ones(nc, dtype=bool)))
+        new._csegs = _with_segment(old._csegs, cseg, new._c_alive, n_terms)
+        new._cslot_of = self.cslot_of
+        new._c_total_len = self.c_total_len
+
+
 class Index:
     """One immutable snapshot of the store for retrieval; share it freely between threads."""
 
@@ -489,7 +720,7 @@ class Index:
         remove_clusters: Iterable[str],
         add_unsorted: Iterable[Memory],
         remove_unsorted: Iterable[str],
-        terms_of: Callable[[Memory], tuple[np.ndarray, np.ndarray | None]] | None = None,
+        terms_of: TermsOf | None = None,
     ) -> Index:
         """`terms_of` gives a memory's term ids and their counts (None: each id counts once)
         instead of tokenizing its text."""
@@ -499,213 +730,19 @@ class Index:
         rm_u = list(remove_unsorted)
         if not (upsert or removed or add_u or rm_u):
             return self
+        # every memory that has a place after this change (the last place named wins)
+        claimed: set[str] = {m.id for c in upsert.values() for m in c.memories}
+        claimed.update(m.id for m in add_u)
+        change = _Change(self, claimed, terms_of)
+        change.free([*removed, *upsert], rm_u)
+        change.place_clusters(upsert.values())
+        change.place_unsorted(add_u)
 
         new = Index.__new__(Index)
         new.__dict__.update(self.__dict__)
         new._cache = {}
         new.cache_hits = 0
-        base, cbase = len(self._mems), len(self._clusters)
-        alive = self._alive.copy()
-        c_alive = self._c_alive.copy()
-        group = self._group.copy()
-        old_map = self._slot_of
-        changes: dict[str, int] = {}
-        cslot_of = dict(self._cslot_of)
-        n_alive, total_len = self._n_alive, self._total_len
-        c_total_len = self._c_total_len
-        # every memory that has a place after this change (the last place named wins)
-        claimed: set[str] = {m.id for c in upsert.values() for m in c.memories}
-        claimed.update(m.id for m in add_u)
-
-        def lookup(mid: str) -> int | None:
-            v = changes.get(mid)
-            if v is None:
-                return old_map.get(mid)
-            return None if v < 0 else v
-
-        new_mems: list[Memory] = []
-        new_len: list[float] = []
-        new_alive: list[bool] = []
-        new_group: list[int] = []
-
-        def kill(slot: int) -> None:
-            nonlocal n_alive, total_len
-            if slot >= base:
-                if new_alive[slot - base]:
-                    new_alive[slot - base] = False
-                    n_alive -= 1
-                    total_len -= new_len[slot - base]
-            elif alive[slot]:
-                alive[slot] = False
-                n_alive -= 1
-                total_len -= float(self._len[slot])
-            mid = (self._mems[slot] if slot < base else new_mems[slot - base]).id
-            if lookup(mid) == slot:
-                changes[mid] = -1
-
-        for cid in [*removed, *upsert]:
-            cs = cslot_of.pop(cid, None)
-            if cs is None:
-                continue
-            c_alive[cs] = False
-            c_total_len -= float(self._c_len[cs])
-            for slot in self._members[cs].tolist():
-                if alive[slot] and self._mems[slot].id not in claimed:
-                    kill(slot)
-        for mid in rm_u:
-            slot = old_map.get(mid)
-            if slot is not None and self._group[slot] < 0 and mid not in claimed:
-                kill(slot)
-
-        vocab = self._vocab
-        all_tids: list[int] = []
-        doc_terms: list[tuple[np.ndarray, np.ndarray | None]] = []
-        tokens = self._tokens
-        placed: set[str] = set()
-
-        def place(m: Memory, g: int) -> int:
-            nonlocal n_alive, total_len
-            slot = lookup(m.id)
-            if slot is not None:
-                if m.id in placed:  # named twice in one change: the later place wins
-                    kill(slot)
-                elif slot < base and (self._mems[slot] is m or self._mems[slot] == m):
-                    group[slot] = g  # unchanged memory: keep its slot (and postings)
-                    placed.add(m.id)
-                    return slot
-                else:
-                    kill(slot)
-            placed.add(m.id)
-            slot = base + len(new_mems)
-            new_mems.append(m)
-            new_alive.append(True)
-            new_group.append(g)
-            if terms_of is None:
-                ids = [vocab.setdefault(t, len(vocab)) for t in tokens(m.content)]
-                all_tids.extend(ids)
-                new_len.append(float(len(ids)))
-            else:
-                tid, tf = terms_of(m)
-                doc_terms.append((tid, tf))
-                new_len.append(float(len(tid) if tf is None else tf.sum()))
-            changes[m.id] = slot
-            n_alive += 1
-            total_len += new_len[-1]
-            return slot
-
-        chains: list[list[int]] = []
-        labels: list[list[int]] = []
-        epoch_of: dict[int, float] = {}  # parsed once for the chain order and the time array
-        for j, c in enumerate(upsert.values()):
-            cs = cbase + j
-            cslot_of[c.id] = cs
-            seen: set[str] = set()
-            chain: list[int] = []
-            for m in c.memories:
-                epoch_of[id(m)] = _epoch(m.created_at)
-            for m in sorted(c.memories, key=lambda m: _chain_key(m, epoch_of[id(m)])):
-                if m.id not in seen:
-                    seen.add(m.id)
-                    chain.append(place(m, cs))
-            chains.append(chain)
-            label = " ".join([c.name, c.description, *c.tags])
-            labels.append([vocab.setdefault(t, len(vocab)) for t in tokens(label)])
-        loose = [place(m, -1) for m in add_u]
-
-        k = len(new_mems)
-        n_terms = len(vocab)
-        new._alive = np.concatenate((alive, np.asarray(new_alive, dtype=bool)))
-        new._group = np.concatenate((group, np.asarray(new_group, dtype=np.int32)))
-        prev = np.concatenate((self._prev, np.full(k, -1, dtype=np.int32)))
-        nxt = np.concatenate((self._next, np.full(k, -1, dtype=np.int32)))
-        for chain in chains:
-            if chain:
-                sl = np.asarray(chain, dtype=np.int64)
-                prev[sl[0]] = -1
-                nxt[sl[-1]] = -1
-                prev[sl[1:]] = sl[:-1]
-                nxt[sl[:-1]] = sl[1:]
-        if loose:
-            sl = np.asarray(loose, dtype=np.int64)
-            prev[sl] = -1
-            nxt[sl] = -1
-        new._prev, new._next = prev, nxt
-        new._mems = self._mems.extended(new_mems)
-        new._len = np.concatenate((self._len, np.asarray(new_len, dtype=np.float32)))
-        new._ts = np.concatenate(
-            (
-                self._ts,
-                np.asarray(
-                    [
-                        epoch_of[id(m)] if id(m) in epoch_of else _epoch(m.created_at)
-                        for m in new_mems
-                    ],
-                    dtype=np.float64,
-                ),
-            )
-        )
-        new._imp = np.concatenate(
-            (self._imp, np.asarray([_importance(m) for m in new_mems], dtype=np.float32))
-        )
-        new._tok = np.concatenate(
-            (
-                self._tok,
-                np.asarray([estimate_tokens(m.content) for m in new_mems], dtype=np.int32),
-            )
-        )
-        seg = None
-        if k:
-            if terms_of is None:
-                lens = np.asarray(new_len, dtype=np.int64)
-                doc = np.repeat(np.arange(k, dtype=np.int64), lens)
-                tid = np.asarray(all_tids, dtype=np.int64)
-                w = np.ones(len(tid), dtype=np.float64)
-            else:
-                doc = np.repeat(np.arange(k), [len(t) for t, _ in doc_terms])
-                tid = np.concatenate([t for t, _ in doc_terms] or [_EMPTY_I])
-                if all(f is None for _, f in doc_terms):
-                    w = np.ones(len(tid), dtype=np.float64)
-                else:
-                    w = np.concatenate(
-                        [
-                            np.ones(len(t), dtype=np.float32) if f is None else f
-                            for t, f in doc_terms
-                        ]
-                        or [_EMPTY_F]
-                    ).astype(np.float64)
-            seg = _make_segment(base, k, doc, tid, w, n_terms)
-        new._segs = _with_segment(self._segs, seg, new._alive, n_terms)
-        new._slot_of = old_map.updated(changes)
-        new._n_alive = n_alive
-        new._total_len = total_len
-
-        # cluster profiles: the members' term counts (from the forward postings, never
-        # re-tokenized) plus the label terms, weighted
-        nc = len(upsert)
-        members = [np.asarray(ch, dtype=np.int32) for ch in chains]
-        cseg = None
-        c_lens: np.ndarray = np.zeros(nc, dtype=np.float64)
-        if nc:
-            all_members = np.concatenate(members) if members else _EMPTY_I
-            owner = np.repeat(np.arange(nc), [len(ch) for ch in chains])
-            pos, tid_m, tf_m = _forward(new._segs, all_members)
-            lab_doc = np.repeat(np.arange(nc), [len(lb) for lb in labels])
-            lab_tid = np.asarray([t for lb in labels for t in lb], dtype=np.int64)
-            cdoc = np.concatenate((owner[pos], lab_doc)).astype(np.int64)
-            ctid = np.concatenate((tid_m.astype(np.int64), lab_tid))
-            cw = np.concatenate(
-                (tf_m.astype(np.float64), np.full(len(lab_tid), float(PROFILE_FIELD_WEIGHT)))
-            )
-            c_lens = np.bincount(cdoc, weights=cw, minlength=nc)[:nc]
-            c_total_len += float(c_lens.sum())
-            cseg = _make_segment(cbase, nc, cdoc, ctid, cw, n_terms)
-        new._clusters = self._clusters + list(upsert.values())
-        new._members = self._members + members
-        new._c_len = np.concatenate((self._c_len, c_lens.astype(np.float32)))
-        new._c_alive = np.concatenate((c_alive, np.ones(nc, dtype=bool)))
-        new._csegs = _with_segment(self._csegs, cseg, new._c_alive, n_terms)
-        new._cslot_of = cslot_of
-        new._c_total_len = c_total_len
+        change.into(new, list(upsert.values()))
         new._link_supersedes()
         new._unsorted = new._group < 0
         new._length_norms()
@@ -848,53 +885,74 @@ class Index:
         now: float | None,
         only: Sequence[str] | None = None,
     ) -> tuple[list[tuple[Hit, int]], list[tuple[str, str, float]]]:
+        """The best `limit` memories for these query words (with the token cost of each) and
+        the clusters chosen for them. `only`: the clusters the caller (SLM refinement) chose."""
         get = self._vocab.get
         q = [i for i in map(get, words) if i is not None]
         if not q or self._n_alive == 0:
             return [], []
-        cfg = self.cfg
         n = len(self._alive)
         # BM25 of every slot, plus one zero at index n: a neighbour link of -1 reads it
         s = self._bm25(q, self._segs, self._alive, self._dn, self._n_alive, self._dead, pad=1)
         smax = float(s[:n].max()) if n else 0.0
-        cs = self._cluster_bm25(q)
-        chosen: list[tuple[str, str, float]] = []
-        c_norm = np.zeros(len(cs) + 1, dtype=np.float32)  # last entry: unsorted (-1)
-        selected = np.zeros(len(cs) + 1, dtype=bool)
-        if only is not None:  # the caller (SLM refinement) chose the clusters
+        c_norm, selected, chosen = self._choose_clusters(self._cluster_bm25(q), only)
+        if smax <= 0 and not chosen:
+            return [], []
+        cand = self._candidates(s, selected)
+        score = self._score(cand, s, smax, c_norm, selected, now)
+        return self._top_hits(cand, score, limit), chosen
+
+    def _choose_clusters(
+        self, c_scores: np.ndarray, only: Sequence[str] | None
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str, float]]]:
+        """(normalized cluster score, chosen?) per cluster slot, each with a last entry for
+        unsorted (-1), and the chosen clusters: the `top_clusters` best with a positive
+        score, or the ones `only` names."""
+        c_norm = np.zeros(len(c_scores) + 1, dtype=np.float32)
+        selected = np.zeros(len(c_scores) + 1, dtype=bool)
+        order = np.zeros(0, dtype=np.int64)
+        if only is not None:
             picked = [self._cslot_of[c] for c in dict.fromkeys(only) if c in self._cslot_of]
             order = np.asarray(picked, dtype=np.int64)
             if len(order):
-                cmax = float(cs[order].max())
+                cmax = float(c_scores[order].max())
                 if cmax > 0:
-                    c_norm[:-1] = np.maximum(cs / cmax, 0.0)
-                selected[order] = True
-                chosen = [
-                    (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
-                    for i in order.tolist()
-                ]
-        elif len(cs) and cfg.top_clusters > 0:
-            order = _top(cs, cfg.top_clusters)
-            order = order[cs[order] > 0]
+                    c_norm[:-1] = np.maximum(c_scores / cmax, 0.0)
+        elif len(c_scores) and self.cfg.top_clusters > 0:
+            order = _top(c_scores, self.cfg.top_clusters)
+            order = order[c_scores[order] > 0]
             if len(order):
-                cmax = float(cs[order[0]])
-                c_norm[:-1] = cs / cmax
-                selected[order] = True
-                chosen = [
-                    (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
-                    for i in order.tolist()
-                ]
-        if smax <= 0 and not chosen:
-            return [], []
-        # Only candidates are scored: the members of the chosen clusters, the unsorted
-        # memories with their own evidence, and both ends of every supersedes link (the
-        # successor's score bounds its predecessor's). Every other memory is not eligible,
-        # so the dense form over all slots gives the same result, element for element.
+                c_norm[:-1] = c_scores / float(c_scores[order[0]])
+        selected[order] = True
+        chosen = [
+            (self._clusters[i].id, self._clusters[i].name, float(c_scores[i]))
+            for i in order.tolist()
+        ]
+        return c_norm, selected, chosen
+
+    def _candidates(self, s: np.ndarray, selected: np.ndarray) -> np.ndarray:
+        """The slots worth scoring, sorted: the members of the chosen clusters, the unsorted
+        memories with their own evidence, and both ends of every supersedes link (the
+        successor's score bounds its predecessor's). Every other memory is not eligible,
+        so the dense form over all slots gives the same result, element for element."""
         parts: list[np.ndarray] = [self._uslots[s[self._uslots] > 0]]
         parts.extend(self._members[i] for i in np.flatnonzero(selected[:-1]).tolist())
         if len(self._sup_old):
             parts.extend((self._sup_old, self._sup_new))
-        cand = np.unique(np.concatenate(parts).astype(np.int64))
+        return np.unique(np.concatenate(parts).astype(np.int64))
+
+    def _score(
+        self,
+        cand: np.ndarray,
+        s: np.ndarray,
+        smax: float,
+        c_norm: np.ndarray,
+        selected: np.ndarray,
+        now: float | None,
+    ) -> np.ndarray:
+        """Final scores of the candidates (0: not eligible): normalized BM25, plus cluster
+        and neighbour evidence, times quality, superseded memories below their successors."""
+        cfg = self.cfg
         group = self._group[cand]
         sc = s[cand]
         sn = sc / smax if smax > 0 else sc
@@ -911,7 +969,7 @@ class Index:
             score += cfg.neighbor_weight * nb
             evidence |= nb > 0
         eligible = evidence & (self._unsorted[cand] | selected[group])
-        if self._n_alive != n:
+        if self._n_alive != len(self._alive):
             eligible &= self._alive[cand]
         if cfg.use_freshness:
             score = score * self._quality(now, cand)
@@ -921,7 +979,10 @@ class Index:
             score[old] *= cfg.superseded_penalty
             # a superseded memory ranks below its successor
             score[old] = np.minimum(score[old], score[succ] * np.float32(0.999))
-        score = np.where(eligible & (score > 0), score, 0.0)
+        return np.where(eligible & (score > 0), score, 0.0)
+
+    def _top_hits(self, cand: np.ndarray, score: np.ndarray, limit: int) -> list[tuple[Hit, int]]:
+        """The `limit` best candidates as hits, each with its token cost in a context."""
         nz = np.flatnonzero(score)
         if len(nz) > limit:  # the top `limit` and everything tied with the last of them
             kth = np.partition(score[nz], len(nz) - limit)[len(nz) - limit]
@@ -940,7 +1001,7 @@ class Index:
             # conservative: the estimate of a joined context never exceeds the sum of these
             cost = int(self._tok[slot]) + _label_tokens(name) + 1
             hits.append((hit, cost))
-        return hits, chosen
+        return hits
 
     def _quality(self, now: float | None, slots: np.ndarray) -> np.ndarray:
         """Confidence (metadata importance) and freshness of these slots, as a multiplier
@@ -1075,8 +1136,20 @@ class Index:
         out: list[str | None] = [None] * len(memories)
         if not memories or not self._cslot_of:
             return out
+        term_rows, qs = self._route_terms(memories)
+        rows = max(1, self.ROUTE_CELLS // len(self._c_alive))
+        for r0 in range(0, len(qs), rows):
+            for i, cid in enumerate(self._route_chunk(qs[r0 : r0 + rows], term_rows)):
+                out[r0 + i] = cid
+        return out
+
+    def _route_terms(
+        self, memories: Sequence[Memory]
+    ) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], list[list[int]]]:
+        """The dense BM25 row (cluster slots, contributions) of every term of these memories
+        that some live cluster has, and each memory's such terms in text order."""
         alive, segs, dn = self._c_alive, self._csegs, self._c_dn
-        n_docs, nc = len(self._cslot_of), len(self._c_alive)
+        n_docs = len(self._cslot_of)
         term_of: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
         qs: list[list[int]] = []
         for m in memories:
@@ -1094,46 +1167,45 @@ class Index:
                 if term_of[tid] is not None:
                     q.append(tid)
             qs.append(q)
-        dead = self._c_dead if n_docs != nc else None
-        min_score, margin = self.ingest.route_min_score, self.ingest.route_margin
-        rows = max(1, self.ROUTE_CELLS // nc)
-        for r0 in range(0, len(qs), rows):
-            chunk = qs[r0 : r0 + rows]
-            nr = len(chunk)
-            row_of: dict[int, int] = {}
-            for q in chunk:
-                for tid in q:
-                    row_of.setdefault(tid, len(row_of))
-            contrib = np.zeros((len(row_of), nc), dtype=np.float32)
-            for tid, r in row_of.items():
-                cols, vals = term_of[tid]  # type: ignore[misc]
-                contrib[r, cols] = vals
-            width = max((len(q) for q in chunk), default=0)
-            pos = np.full((nr, width), -1, dtype=np.int64)  # term row per (memory, position)
-            for i, q in enumerate(chunk):
-                pos[i, : len(q)] = [row_of[t] for t in q]
-            mat = np.zeros((nr, nc), dtype=np.float32)
-            for j in range(width):
-                rj = np.flatnonzero(pos[:, j] >= 0)
-                if len(rj) == nr:
-                    mat += contrib[pos[:, j]]
-                else:
-                    mat[rj] += contrib[pos[rj, j]]
-            if dead is not None:
-                mat[:, dead] = 0.0
-            best_col = np.argmax(mat, axis=1)  # the first of equal maxima, as a stable sort
-            ridx = np.arange(nr)
-            # compared in float64, as `route` does with Python floats
-            best = mat[ridx, best_col].astype(np.float64)
-            if nc > 1:
-                mat[ridx, best_col] = -np.inf
-                second = mat.max(axis=1).astype(np.float64)
+        return {t: row for t, row in term_of.items() if row is not None}, qs
+
+    def _route_chunk(
+        self, chunk: list[list[int]], term_rows: dict[int, tuple[np.ndarray, np.ndarray]]
+    ) -> list[str | None]:
+        """The cluster of each memory (its term ids) of one chunk, or None."""
+        nr, nc = len(chunk), len(self._c_alive)
+        row_of: dict[int, int] = {}
+        for q in chunk:
+            for tid in q:
+                row_of.setdefault(tid, len(row_of))
+        contrib = np.zeros((len(row_of), nc), dtype=np.float32)
+        for tid, r in row_of.items():
+            cols, vals = term_rows[tid]
+            contrib[r, cols] = vals
+        width = max((len(q) for q in chunk), default=0)
+        pos = np.full((nr, width), -1, dtype=np.int64)  # term row per (memory, position)
+        for i, q in enumerate(chunk):
+            pos[i, : len(q)] = [row_of[t] for t in q]
+        mat = np.zeros((nr, nc), dtype=np.float32)
+        for j in range(width):
+            rj = np.flatnonzero(pos[:, j] >= 0)
+            if len(rj) == nr:
+                mat += contrib[pos[:, j]]
             else:
-                second = np.zeros(nr, dtype=np.float64)
-            ok = (best >= min_score) & (best - second >= margin)
-            for i in np.flatnonzero(ok).tolist():
-                out[r0 + i] = self._clusters[int(best_col[i])].id
-        return out
+                mat[rj] += contrib[pos[rj, j]]
+        if len(self._cslot_of) != nc:
+            mat[:, self._c_dead] = 0.0
+        best_col = np.argmax(mat, axis=1)  # the first of equal maxima, as a stable sort
+        ridx = np.arange(nr)
+        # compared in float64, as `route` does with Python floats
+        best = mat[ridx, best_col].astype(np.float64)
+        if nc > 1:
+            mat[ridx, best_col] = -np.inf
+            second = mat.max(axis=1).astype(np.float64)
+        else:
+            second = np.zeros(nr, dtype=np.float64)
+        ok = (best >= self.ingest.route_min_score) & (best - second >= self.ingest.route_margin)
+        return [self._clusters[int(best_col[i])].id if ok[i] else None for i in range(nr)]
 
 
 def _line(h: Hit) -> str:
