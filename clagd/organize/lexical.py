@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 from datetime import datetime, timezone
 
 from clagd.config import SessionConfig
 from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_time
 from clagd.organize.plan import Plan, PlanCluster
-from clagd.text import STOPWORDS, stem, tokenize, words
-
-Vec = dict[str, float]
+from clagd.organize.similarity import TfIdf, unit_cosine
+from clagd.text import tokenize
 
 _WINDOW = 4  # memories on each side when measuring cohesion across a possible boundary
 _JOIN_SIMILARITY = 0.15  # an episode joins the cluster it continues only if this similar
@@ -50,48 +48,6 @@ def _ts(m: Memory) -> float:
     return dt.timestamp() if dt is not None else 0.0
 
 
-class _Corpus:
-    """Term counts and IDF over every memory the organizer can see."""
-
-    def __init__(self, memories: Iterable[Memory]) -> None:
-        self.tf: dict[str, Counter[str]] = {}
-        self.surface: dict[str, Counter[str]] = {}
-        df: Counter[str] = Counter()
-        for m in memories:
-            if m.id in self.tf:
-                continue
-            tf = Counter(tokenize(m.content))
-            self.tf[m.id] = tf
-            df.update(tf.keys())
-        self.n = max(1, len(self.tf))
-        self.idf = {t: math.log((1 + self.n) / (1 + d)) + 1.0 for t, d in df.items()}
-        self.df = df
-
-    def vec(self, mids: Iterable[str]) -> Vec:
-        total: Counter[str] = Counter()
-        for mid in mids:
-            total.update(self.tf.get(mid, ()))
-        v = {t: (1.0 + math.log(n)) * self.idf.get(t, 1.0) for t, n in total.items()}
-        norm = math.sqrt(sum(x * x for x in v.values())) or 1.0
-        return {t: x / norm for t, x in v.items()}
-
-    def surface_word(self, term: str, contents: Iterable[str]) -> str:
-        """The most frequent original word that stems to `term` (names read better)."""
-        counts = self.surface.get(term)
-        if counts is None:
-            counts = Counter(
-                w for c in contents for w in words(c) if w not in STOPWORDS and stem(w) == term
-            )
-            self.surface[term] = counts
-        return counts.most_common(1)[0][0] if counts else term
-
-
-def _cos(a: Vec, b: Vec) -> float:
-    if len(a) > len(b):
-        a, b = b, a
-    return sum(x * b.get(t, 0.0) for t, x in a.items())
-
-
 def _episodes(mems: list[Memory], gap_seconds: float) -> list[list[Memory]]:
     out: list[list[Memory]] = []
     last = None
@@ -104,7 +60,7 @@ def _episodes(mems: list[Memory], gap_seconds: float) -> list[list[Memory]]:
     return out
 
 
-def _split(seq: list[Memory], target: int, min_size: int, corpus: _Corpus) -> list[list[Memory]]:
+def _split(seq: list[Memory], target: int, min_size: int, corpus: TfIdf) -> list[list[Memory]]:
     """Split at the lowest lexical cohesion until every piece is at most `target` long."""
     if len(seq) <= target:
         return [seq]
@@ -117,7 +73,7 @@ def _split(seq: list[Memory], target: int, min_size: int, corpus: _Corpus) -> li
         left = corpus.vec(m.id for m in seq[max(0, i - _WINDOW) : i])
         right = corpus.vec(m.id for m in seq[i : i + _WINDOW])
         # prefer balanced splits slightly when cohesion ties
-        c = _cos(left, right) + 0.01 * abs(i - mid) / len(seq)
+        c = unit_cosine(left, right) + 0.01 * abs(i - mid) / len(seq)
         if c < best:
             best, best_i = c, i
     return _split(seq[:best_i], target, min_size, corpus) + _split(
@@ -125,7 +81,7 @@ def _split(seq: list[Memory], target: int, min_size: int, corpus: _Corpus) -> li
     )
 
 
-def _segment(mems: list[Memory], cfg: SessionConfig, corpus: _Corpus) -> list[list[Memory]]:
+def _segment(mems: list[Memory], cfg: SessionConfig, corpus: TfIdf) -> list[list[Memory]]:
     target = max(1, min(cfg.target_cluster_size, cfg.max_cluster_size))
     min_size = max(cfg.min_cluster_size, target // 3, 1)
     pieces: list[list[Memory]] = []
@@ -181,7 +137,7 @@ def organize(
     cfg = cfg or SessionConfig()
     now = now or now_iso()
     sampled = {m.id: m for m in memories}
-    corpus = _Corpus([*memories, *(m for c in clusters for m in c.memories)])
+    corpus = TfIdf([*memories, *(m for c in clusters for m in c.memories)])
     grouping = _Grouping(clusters)
     # 1. unsorted memories -> episodes -> continue an existing cluster, or a new one
     _place_loose(memories, grouping, corpus, cfg)
@@ -203,7 +159,7 @@ def organize(
 
 
 def _place_loose(
-    memories: list[Memory], grouping: _Grouping, corpus: _Corpus, cfg: SessionConfig
+    memories: list[Memory], grouping: _Grouping, corpus: TfIdf, cfg: SessionConfig
 ) -> None:
     """Unsorted memories, cut into episodes; an episode continues the cluster it follows
     closely in time and words, or starts a new one."""
@@ -218,7 +174,7 @@ def _place_loose(
             if not g.members or len(g.members) + len(piece) > cfg.target_cluster_size:
                 continue
             if 0 <= first - g.last_ts <= gap:
-                sim = _cos(pv, corpus.vec(m.id for m in g.members))
+                sim = unit_cosine(pv, corpus.vec(m.id for m in g.members))
                 if sim >= best:
                     best, target = sim, g
         dst = target or grouping.new_group()
@@ -227,7 +183,7 @@ def _place_loose(
 
 
 def _split_large(
-    grouping: _Grouping, sampled: dict[str, Memory], corpus: _Corpus, cfg: SessionConfig
+    grouping: _Grouping, sampled: dict[str, Memory], corpus: TfIdf, cfg: SessionConfig
 ) -> None:
     for g in list(grouping.groups.values()):
         if len(g.members) <= cfg.max_cluster_size:
@@ -243,7 +199,7 @@ def _split_large(
 
 
 def _plan_clusters(
-    grouping: _Grouping, sampled: dict[str, Memory], corpus: _Corpus
+    grouping: _Grouping, sampled: dict[str, Memory], corpus: TfIdf
 ) -> list[PlanCluster]:
     """The clusters the plan touches, each with a name, description and tags: an existing
     cluster keeps its own (missing ones are filled in), a new one gets distinct ones."""
@@ -269,7 +225,7 @@ def _plan_clusters(
     return plan_clusters
 
 
-def _merge(grouping: _Grouping, corpus: _Corpus, cfg: SessionConfig) -> None:
+def _merge(grouping: _Grouping, corpus: TfIdf, cfg: SessionConfig) -> None:
     """Merge clusters whose TF-IDF profiles are near-duplicates, within the size limit."""
     groups = grouping.groups
     gone: set[str] = set()
@@ -295,7 +251,7 @@ def _merge(grouping: _Grouping, corpus: _Corpus, cfg: SessionConfig) -> None:
         gone.add(gb.ref)
 
 
-def _similar_pairs(groups: dict[str, _Group], corpus: _Corpus) -> list[tuple[float, str, str]]:
+def _similar_pairs(groups: dict[str, _Group], corpus: TfIdf) -> list[tuple[float, str, str]]:
     """(cosine, ref, ref) of the candidate pairs of non-empty groups, most similar first.
     Candidates share one of their top terms (avoids comparing every pair)."""
     live = [g for g in groups.values() if g.members]
@@ -310,13 +266,11 @@ def _similar_pairs(groups: dict[str, _Group], corpus: _Corpus) -> list[tuple[flo
             for b in refs[i + 1 : 50]:
                 pairs.add((a, b) if a < b else (b, a))
     return sorted(
-        ((_cos(vecs[a], vecs[b]), a, b) for a, b in pairs), key=lambda x: (-x[0], x[1], x[2])
+        ((unit_cosine(vecs[a], vecs[b]), a, b) for a, b in pairs), key=lambda x: (-x[0], x[1], x[2])
     )
 
 
-def _describe(
-    members: list[Memory], corpus: _Corpus, taken: set[str]
-) -> tuple[str, str, list[str]]:
+def _describe(members: list[Memory], corpus: TfIdf, taken: set[str]) -> tuple[str, str, list[str]]:
     """Name (2-5 distinctive words, distinct from `taken`), one-sentence description, tags."""
     picked = _name_words(members, corpus)
     name = _distinct_name(picked, taken)
@@ -327,7 +281,7 @@ def _describe(
     return name, desc, tags
 
 
-def _name_words(members: list[Memory], corpus: _Corpus) -> list[str]:
+def _name_words(members: list[Memory], corpus: TfIdf) -> list[str]:
     """The members' most distinctive words, as written (at least two, with fillers)."""
     cover: Counter[str] = Counter()
     for m in members:

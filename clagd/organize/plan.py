@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from clagd.errors import ClagdError
 from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_time
+from clagd.organize.similarity import count_cosine, jaccard, term_counts, terms
+from clagd.slm.schema import array, closed_object, one_of, string
 from clagd.text import tokenize
 
 NAME_MIN_WORDS = 2
@@ -149,59 +151,29 @@ def build_schema(
     """
     targets = list(cluster_aliases) + [f"N{i}" for i in range(1, max_new + 1)]
     cluster_props: dict[str, Any] = {
-        "id": {"enum": targets},
+        "id": one_of(targets),
         # 2-5 words; a grammar-constrained decoder cannot produce anything else
-        "name": {"type": "string", "pattern": NAME_PATTERN, "maxLength": NAME_MAX_CHARS},
-        "description": {"type": "string", "maxLength": DESCRIPTION_MAX_CHARS},
-        "tags": {
-            "type": "array",
-            "maxItems": MAX_TAGS,
-            "items": {"type": "string", "minLength": 1, "maxLength": TAG_MAX_CHARS},
-        },
+        "name": string(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS),
+        "description": string(max_length=DESCRIPTION_MAX_CHARS),
+        "tags": array(string(min_length=1, max_length=TAG_MAX_CHARS), MAX_TAGS),
     }
     if cluster_aliases:
-        cluster_props["merge"] = {
-            "type": "array",
-            "maxItems": len(cluster_aliases),
-            "items": {"enum": list(cluster_aliases)},
+        cluster_props["merge"] = array(one_of(cluster_aliases), len(cluster_aliases))
+    memory = one_of(memory_aliases)
+    return closed_object(
+        {
+            "clusters": array(
+                closed_object(cluster_props, ["id", "name", "description", "tags"]),
+                len(targets),
+            ),
+            "assign": closed_object({m: one_of(targets) for m in memory_aliases}),
+            "conflicts": array(
+                closed_object({"newer": memory, "older": memory}),
+                max(1, len(memory_aliases) // 2),
+            ),
+            "reason": string(max_length=REASON_MAX_CHARS),
         }
-    return {
-        "type": "object",
-        "properties": {
-            "clusters": {
-                "type": "array",
-                "maxItems": len(targets),
-                "items": {
-                    "type": "object",
-                    "properties": cluster_props,
-                    "required": ["id", "name", "description", "tags"],
-                    "additionalProperties": False,
-                },
-            },
-            "assign": {
-                "type": "object",
-                "properties": {m: {"enum": targets} for m in memory_aliases},
-                "required": list(memory_aliases),
-                "additionalProperties": False,
-            },
-            "conflicts": {
-                "type": "array",
-                "maxItems": max(1, len(memory_aliases) // 2),
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "newer": {"enum": list(memory_aliases)},
-                        "older": {"enum": list(memory_aliases)},
-                    },
-                    "required": ["newer", "older"],
-                    "additionalProperties": False,
-                },
-            },
-            "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
-        },
-        "required": ["clusters", "assign", "conflicts", "reason"],
-        "additionalProperties": False,
-    }
+    )
 
 
 def parse_plan(data: Mapping[str, Any], aliases: Aliases) -> Plan:
@@ -681,31 +653,6 @@ def check_invariants(
 # -- size policy -------------------------------------------------------------------------
 
 
-def _terms(text: str) -> set[str]:
-    return set(tokenize(text))
-
-
-def _jaccard(a: set[str], b: set[str]) -> float:
-    return len(a & b) / len(a | b) if a and b else 0.0
-
-
-def _cosine(a: dict[str, int], b: dict[str, int]) -> float:
-    if not a or not b:
-        return 0.0
-    dot = sum(v * b.get(k, 0) for k, v in a.items())
-    na = sum(v * v for v in a.values()) ** 0.5
-    nb = sum(v * v for v in b.values()) ** 0.5
-    return dot / (na * nb)
-
-
-def _bag(c: Cluster) -> dict[str, int]:
-    bag: dict[str, int] = {}
-    for m in c.memories:
-        for t in tokenize(m.content):
-            bag[t] = bag.get(t, 0) + 1
-    return bag
-
-
 NEAR_IDENTICAL = 0.9
 
 
@@ -734,13 +681,13 @@ def size_policy(
 
 def _fold_near_identical(c: Cluster, plan: Plan, reasons: list[str]) -> None:
     """Near-identical memories inside one cluster: the shorter folds into the longer."""
-    terms = [(m, _terms(m.content)) for m in c.memories]
+    term_sets = [(m, terms(m.content)) for m in c.memories]
     gone: set[str] = set()
-    for i, (ma, ta) in enumerate(terms):
+    for i, (ma, ta) in enumerate(term_sets):
         if ma.id in gone:
             continue
-        for mb, tb in terms[i + 1 :]:
-            if mb.id in gone or _jaccard(ta, tb) < NEAR_IDENTICAL:
+        for mb, tb in term_sets[i + 1 :]:
+            if mb.id in gone or jaccard(ta, tb) < NEAR_IDENTICAL:
                 continue
             keep, drop = (ma, mb) if len(ma.content) >= len(mb.content) else (mb, ma)
             if keep.id in gone:
@@ -760,14 +707,14 @@ def _merge_near_duplicates(
     reasons: list[str],
 ) -> None:
     hot = [c for c in state.clusters.values() if c.memories and not c.pinned]
-    bags = {c.id: _bag(c) for c in hot}
+    bags = {c.id: term_counts(m.content for m in c.memories) for c in hot}
     for i, a in enumerate(hot):
         if a.id in taken:
             continue
         for b in hot[i + 1 :]:
             if b.id in taken or len(a.memories) + len(b.memories) > max_size:
                 continue
-            if _cosine(bags[a.id], bags[b.id]) >= merge_similarity:
+            if count_cosine(bags[a.id], bags[b.id]) >= merge_similarity:
                 big, small = (a, b) if len(a.memories) >= len(b.memories) else (b, a)
                 plan.clusters.append(
                     PlanCluster(big.id, big.name, big.description, list(big.tags), [small.id])
@@ -815,16 +762,17 @@ def _split_oversized(
 def _bisect(mems: list[Memory], min_size: int) -> list[Memory] | None:
     """The memories nearer to a second seed (the one least like the first): the part to
     split off, or None when the halves would be too uneven to help."""
-    terms = {m.id: _terms(m.content) for m in mems}
+    term_sets = {m.id: terms(m.content) for m in mems}
     seed_a = mems[0]
-    seed_b = min(mems[1:], key=lambda m: _jaccard(terms[seed_a.id], terms[m.id]))
+    seed_b = min(mems[1:], key=lambda m: jaccard(term_sets[seed_a.id], term_sets[m.id]))
     part = [
         m
         for m in mems
         if m is seed_b
         or (
             m is not seed_a
-            and _jaccard(terms[m.id], terms[seed_b.id]) > _jaccard(terms[m.id], terms[seed_a.id])
+            and jaccard(term_sets[m.id], term_sets[seed_b.id])
+            > jaccard(term_sets[m.id], term_sets[seed_a.id])
         )
     ]
     if len(part) < max(min_size, 1) or len(mems) - len(part) < max(min_size, 1):

@@ -52,12 +52,14 @@ from clagd.organize.plan import (
     size_policy,
     validate_plan,
 )
+from clagd.organize.similarity import cluster_terms, label_terms, terms
 from clagd.slm.base import Backend
 from clagd.slm.none import MODEL as NONE_MODEL
 from clagd.slm.none import NAME as NONE_NAME
 from clagd.slm.none import lexical_plan
+from clagd.slm.schema import closed_object, one_of
 from clagd.store.files import template_dir
-from clagd.text import estimate_tokens, tokenize
+from clagd.text import estimate_tokens
 
 log = logging.getLogger("clagd.session")
 
@@ -186,17 +188,6 @@ class _Chunk:
     clusters: list[Cluster]
 
 
-def _terms(text: str) -> set[str]:
-    return set(tokenize(text))
-
-
-def _cluster_terms(c: Cluster) -> set[str]:
-    t = _terms(f"{c.name} {c.description} {' '.join(c.tags)}")
-    for m in c.memories[:50]:
-        t |= _terms(m.content)
-    return t
-
-
 def _candidates(mems: list[Memory], snap: Snapshot, limit: int) -> list[Cluster]:
     """The clusters a chunk's memories live in, then the lexically closest others."""
     own = []
@@ -206,9 +197,9 @@ def _candidates(mems: list[Memory], snap: Snapshot, limit: int) -> list[Cluster]
             own.append(snap.clusters[cid])
     words: set[str] = set()
     for m in mems:
-        words |= _terms(m.content)
+        words |= terms(m.content)
     others = [c for c in snap.clusters.values() if c not in own]
-    others.sort(key=lambda c: (-len(words & _cluster_terms(c)), -len(c.memories), c.id))
+    others.sort(key=lambda c: (-len(words & cluster_terms(c)), -len(c.memories), c.id))
     return own + others[: max(0, limit - len(own))]
 
 
@@ -258,13 +249,13 @@ def make_chunks(
     mems = list(snap.sample)
     if coarse and snap.clusters:
         order = {cid: i for i, cid in enumerate(sorted(snap.clusters))}
-        terms = {cid: _cluster_terms(c) for cid, c in snap.clusters.items()}
+        profile = {cid: cluster_terms(c) for cid, c in snap.clusters.items()}
 
         def area(m: Memory) -> tuple[int, str]:
             cid = snap.home.get(m.id)
             if cid is None:
-                w = _terms(m.content)
-                cid = max(terms, key=lambda k: (len(w & terms[k]), k))
+                w = terms(m.content)
+                cid = max(profile, key=lambda k: (len(w & profile[k]), k))
             return (order.get(cid, -1), m.created_at)
 
         mems.sort(key=area)
@@ -379,17 +370,17 @@ def _lexical_ok(state: Any, mid: str, cid: str) -> bool:
     own = state.clusters.get(cid)
     if m is None or own is None:
         return False
-    words = _terms(m.content)
+    words = terms(m.content)
     if not words:
         return True
-    mine = _terms(f"{own.name} {own.description} {' '.join(own.tags)}")
+    mine = label_terms(own)
     for x in own.memories:
         if x.id != mid:
-            mine |= _terms(x.content)
+            mine |= terms(x.content)
     if words & mine:
         return True
     best_other = max(
-        (len(words & _cluster_terms(c)) for k, c in state.clusters.items() if k != cid),
+        (len(words & cluster_terms(c)) for k, c in state.clusters.items() if k != cid),
         default=0,
     )
     return best_other < 2
@@ -556,19 +547,9 @@ def _semantic_errors(
     notes: list[str] = []
     if backend is not None:
         keys = [f"A{i}" for i in range(1, len(checks) + 1)]
-        schema = {
-            "type": "object",
-            "properties": {
-                "verdicts": {
-                    "type": "object",
-                    "properties": {k: {"enum": ["yes", "no"]} for k in keys},
-                    "required": keys,
-                    "additionalProperties": False,
-                }
-            },
-            "required": ["verdicts"],
-            "additionalProperties": False,
-        }
+        schema = closed_object(
+            {"verdicts": closed_object({k: one_of(["yes", "no"]) for k in keys})}
+        )
         lines = []
         for k, ch in zip(keys, checks):
             held = " ".join(f'"{e}"' for e in ch.examples) or "(nothing else yet)"

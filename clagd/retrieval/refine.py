@@ -20,6 +20,7 @@ from clagd.config import RetrievalConfig
 from clagd.errors import BackendError
 from clagd.retrieval.index import Index
 from clagd.slm.base import Backend
+from clagd.slm.schema import array, closed_object, string
 
 log = logging.getLogger("clagd.refine")
 
@@ -30,19 +31,7 @@ SYSTEM = (
 
 
 def refine_schema(aliases: list[str], most: int) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "clusters": {
-                "type": "array",
-                "items": {"type": "string", "enum": aliases},
-                "minItems": 1,
-                "maxItems": most,
-            }
-        },
-        "required": ["clusters"],
-        "additionalProperties": False,
-    }
+    return closed_object({"clusters": array(string(enum=aliases), most, min_items=1)})
 
 
 class Refiner:
