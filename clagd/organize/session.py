@@ -1,73 +1,70 @@
-"""A clustering session: sample, prompt, SLM plan, apply, validate, keep or revert.
+"""A clustering session: sample, plan, apply, validate, keep or revert.
 
 The session never touches the store directly. Everything that reads or changes it runs as an
 operation on the single writer, through one callable:
 
     submit(op, *args) -> concurrent.futures.Future      # writer.submit
-    op(ctx, *args)  runs on the writer thread, with
+    op(ctx, *args)  runs on the writer thread, with ctx a `store.writer.WriteContext`:
         ctx.state                                        # store.StoreState
         ctx.touch_cluster(cid) / ctx.touch_shard(name)   # before changing a file
         ctx.commit(subject, body, trailers) -> sha | None
         ctx.revert(sha, subject, trailers) -> sha
 
 The operations are `_snapshot_op` (copies of the sample and the clusters), `_apply_op`
-(validate against the state at that moment, apply, commit, check invariants, revert at once if
-they fail), `_revert_op`, `_fallback_op` (the lexical organizer on the same sample) and
-`_size_policy_op`. The SLM calls happen between operations, so the writer (ingest, queries'
+(make the plan if it is made on the writer, validate it against the state at that moment,
+apply, commit, check invariants, revert at once if they fail), `_revert_op`, `_record_op` and
+`_size_policy_op`. Model calls happen between operations, so the writer (ingest, queries'
 index snapshots) is never blocked by a model.
 
-Outcome statuses: accepted (an SLM plan is kept), rolled_back (reverted and nothing replaced
-it), fallback (the SLM failed twice; the lexical organizer's plan is kept), failed (not even
-the fallback could be applied), noop (nothing to sample, or nothing changed).
+Plans come from an organizer (`organize.organizers`): a model's, or the lexical one when there
+is no model (`backend` None or `slm.none.NoneBackend`). The session runs one path for both:
+every attempt the organizer allows (`_Session.attempt`), then its fallback if none was kept,
+then the size policy.
+
+Outcome statuses: accepted (a plan is kept), rolled_back (reverted and nothing replaced it),
+fallback (the SLM failed twice; the lexical organizer's plan is kept), failed (not even the
+fallback could be applied), noop (nothing to sample, or nothing changed).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import random
 import secrets
-import string
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from clagd.config import Config
+from clagd.config import Config, SessionConfig
 from clagd.errors import BackendError, ClagdError, Conflict, StoreError
-from clagd.model import Cluster, Memory, parse_time
+from clagd.organize.organizers import SEED_STEP, Organizer, Proposal, Tag, organizer_for
 from clagd.organize.plan import (
     NEW_PREFIX,
-    Aliases,
     Plan,
-    PlanCluster,
     PlanError,
     apply_plan,
-    build_schema,
     check_invariants,
-    parse_plan,
     size_policy,
     validate_plan,
 )
-from clagd.organize.similarity import cluster_terms, label_terms, terms
+from clagd.organize.sample import Check, Snapshot, pick_checks, take_snapshot
 from clagd.slm.base import Backend
-from clagd.slm.none import MODEL as NONE_MODEL
-from clagd.slm.none import NAME as NONE_NAME
-from clagd.slm.none import lexical_plan
-from clagd.slm.schema import closed_object, one_of
-from clagd.store.files import template_dir
-from clagd.text import estimate_tokens
+from clagd.slm.manager import BackendManager
+from clagd.slm.none import NoneBackend
+from clagd.store.files import StoreState
+from clagd.store.writer import WriteContext
 
 log = logging.getLogger("clagd.session")
 
-Submit = Callable[..., Any]  # writer.submit: (op, *args) -> Future
-MAX_CANDIDATE_CLUSTERS = 8
-MAX_NEW_PER_CHUNK = 6
-MAX_CHECKS = 20
-MEMORY_CHARS = 240
+Submit = Callable[..., "Future[Any]"]  # writer.submit: (op, *args) -> Future
+SessionStatus = Literal["accepted", "rolled_back", "fallback", "failed", "noop"]
+# how one attempt ended: its plan kept, rejected (try the next), or a revert git refused
+Verdict = Literal["kept", "rejected", "conflict"]
+FAILED_STATUSES: tuple[SessionStatus, ...] = ("fallback", "rolled_back", "failed")
 
 
 @dataclass
@@ -76,7 +73,7 @@ class SessionOutcome:
     trigger: str
     backend: str
     model: str
-    status: str = "noop"  # accepted | rolled_back | fallback | failed | noop
+    status: SessionStatus = "noop"
     reasons: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -84,9 +81,14 @@ class SessionOutcome:
     commits: list[str] = field(default_factory=list)
     sampled: int = 0
     moved: int = 0
-    attempts: int = 0
+    attempts: int = 0  # plans asked of a model
     calls: int = 0
     error_rate: float | None = None
+
+    @property
+    def asked_model(self) -> bool:
+        """A model was asked for a plan (its failures count against the backend)."""
+        return self.attempts > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,254 +98,11 @@ def new_session_id() -> str:
     return "s-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-# -- prompts -----------------------------------------------------------------------------
+# -- writer ops ---------------------------------------------------------------------------
 
 
-def load_prompt(prompts_dir: Path | None, name: str) -> str:
-    """`<store>/prompts/<name>` (user-editable, versioned with the memories), else the copy
-    shipped with clagd."""
-    for d in ([Path(prompts_dir)] if prompts_dir else []) + [template_dir() / "prompts"]:
-        path = d / name
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-    raise ClagdError(f"prompt template {name} not found in {prompts_dir}")
-
-
-ORGANIZE_FORMAT = (
-    '{"clusters": [{"id": "N1", "name": "two to five words", "description": "One sentence.", '
-    '"tags": ["word"], "merge": ["C2"]}], "assign": {"M1": "C1", "M2": "N1"}, '
-    '"conflicts": [{"newer": "M2", "older": "M1"}], "reason": "One short sentence."}\n'
-    "ids: memories M1..M<n>; existing clusters C1..C<c>; new clusters N1..N<k>"
-)
-VALIDATE_FORMAT = '{"verdicts": {"A1": "yes", "A2": "no"}} with one verdict per check'
-
-
-def _render(template: str, **values: str) -> str:
-    return string.Template(template).safe_substitute(**values).strip()
-
-
-def _clip(text: str, n: int = MEMORY_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def _day(m: Memory) -> str:
-    t = parse_time(m.created_at)
-    return t.strftime("%Y-%m-%d") if t else ""
-
-
-# -- snapshot (writer op) ---------------------------------------------------------------
-
-
-@dataclass
-class Snapshot:
-    sample: list[Memory]
-    home: dict[str, str | None]  # sampled memory id -> its cluster id (None: unsorted)
-    clusters: dict[str, Cluster]  # copies of every hot cluster
-    total: int
-
-
-def choose_sample(
-    state: Any, size: int, access: Mapping[str, int] | None = None
-) -> list[tuple[Memory, str | None]]:
-    """Unsorted memories first (oldest first), then the most recently added clustered ones
-    and the most accessed, interleaved, up to `size`."""
-    picked: dict[str, tuple[Memory, str | None]] = {}
-    for mems in state.unsorted.values():
-        for m in sorted(mems, key=lambda m: m.created_at):
-            if len(picked) < size:
-                picked.setdefault(m.id, (m, None))
-    clustered = [(m, cid) for cid, c in state.clusters.items() for m in c.memories]
-    recent = sorted(clustered, key=lambda p: p[0].created_at, reverse=True)
-    hot = sorted(clustered, key=lambda p: -(access or {}).get(p[0].id, 0)) if access else []
-    for i in range(max(len(recent), len(hot))):
-        for seq in (recent, hot):
-            if len(picked) >= size:
-                break
-            if i < len(seq):
-                picked.setdefault(seq[i][0].id, seq[i])
-    return list(picked.values())
-
-
-def _snapshot_op(ctx: Any, size: int, access: Mapping[str, int] | None) -> Snapshot:
-    state = ctx.state
-    sample = choose_sample(state, size, access)
-    total = sum(len(c.memories) for c in state.clusters.values()) + sum(
-        len(v) for v in state.unsorted.values()
-    )
-    return Snapshot(
-        sample=[copy.deepcopy(m) for m, _ in sample],
-        home={m.id: cid for m, cid in sample},
-        clusters={cid: copy.deepcopy(c) for cid, c in state.clusters.items()},
-        total=total,
-    )
-
-
-# -- proposing a plan (SLM calls, off the writer) ----------------------------------------
-
-
-@dataclass
-class _Chunk:
-    memories: list[Memory]
-    clusters: list[Cluster]
-
-
-def _candidates(mems: list[Memory], snap: Snapshot, limit: int) -> list[Cluster]:
-    """The clusters a chunk's memories live in, then the lexically closest others."""
-    own = []
-    for m in mems:
-        cid = snap.home.get(m.id)
-        if cid and cid in snap.clusters and snap.clusters[cid] not in own:
-            own.append(snap.clusters[cid])
-    words: set[str] = set()
-    for m in mems:
-        words |= terms(m.content)
-    others = [c for c in snap.clusters.values() if c not in own]
-    others.sort(key=lambda c: (-len(words & cluster_terms(c)), -len(c.memories), c.id))
-    return own + others[: max(0, limit - len(own))]
-
-
-def _organize_messages(
-    template: str, mems: list[Memory], clusters: list[Cluster], max_new: int
-) -> list[dict[str, str]]:
-    fmt = (
-        ORGANIZE_FORMAT.replace("<n>", str(len(mems)))
-        .replace("<c>", str(len(clusters)))
-        .replace("<k>", str(max_new))
-    )
-    if not clusters:
-        fmt = fmt.replace("existing clusters C1..C0; ", "no existing clusters; ")
-    system = _render(template, answer_format=fmt)
-    lines = ["Existing clusters:"]
-    if not clusters:
-        lines.append("(none)")
-    for i, c in enumerate(clusters, 1):
-        ex = f' e.g. "{_clip(c.memories[0].content, 80)}"' if c.memories else ""
-        tags = f" [{', '.join(c.tags)}]" if c.tags else ""
-        lines.append(
-            f'C{i} "{c.name}": {_clip(c.description, 120)}{tags} ({len(c.memories)} memories){ex}'
-        )
-    lines.append("Memories:")
-    for i, m in enumerate(mems, 1):
-        day = _day(m)
-        lines.append(f"M{i}: {_clip(m.content)}{f' ({day})' if day else ''}")
-    if max_new:
-        lines.append(f"You may create up to {max_new} new clusters (N1..N{max_new}).")
-    lines.append("Answer:")
-    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
-
-
-def _output_reserve(n_mems: int, max_new: int) -> int:
-    return 40 + 10 * n_mems + 60 * max_new
-
-
-def make_chunks(
-    snap: Snapshot, template: str, chunk_size: int, context_tokens: int, coarse: bool
-) -> list[_Chunk]:
-    """Split the sample so that every call (prompt + answer) fits the context window.
-
-    Coarse to fine: on a large store the sample is first ordered by its closest existing
-    cluster (a cheap lexical pass), so each chunk covers one broad area and the SLM refines
-    clusters inside it.
-    """
-    mems = list(snap.sample)
-    if coarse and snap.clusters:
-        order = {cid: i for i, cid in enumerate(sorted(snap.clusters))}
-        profile = {cid: cluster_terms(c) for cid, c in snap.clusters.items()}
-
-        def area(m: Memory) -> tuple[int, str]:
-            cid = snap.home.get(m.id)
-            if cid is None:
-                w = terms(m.content)
-                cid = max(profile, key=lambda k: (len(w & profile[k]), k))
-            return (order.get(cid, -1), m.created_at)
-
-        mems.sort(key=area)
-    out: list[_Chunk] = []
-    pending = [mems[i : i + max(1, chunk_size)] for i in range(0, len(mems), max(1, chunk_size))]
-    while pending:
-        part = pending.pop(0)
-        clusters = _candidates(part, snap, MAX_CANDIDATE_CLUSTERS)
-        max_new = min(MAX_NEW_PER_CHUNK, max(1, math.ceil(len(part) / 2)))
-        msgs = _organize_messages(template, part, clusters, max_new)
-        need = sum(estimate_tokens(m["content"]) for m in msgs) + _output_reserve(
-            len(part), max_new
-        )
-        if need > context_tokens and len(part) > 1:
-            half = len(part) // 2
-            pending[:0] = [part[:half], part[half:]]
-            continue
-        while need > context_tokens and len(clusters) > 1:
-            clusters = clusters[:-1]
-            msgs = _organize_messages(template, part, clusters, max_new)
-            need = sum(estimate_tokens(m["content"]) for m in msgs) + _output_reserve(
-                len(part), max_new
-            )
-        out.append(_Chunk(part, clusters))
-    return out
-
-
-def _propose_chunk(
-    backend: Backend, template: str, chunk: _Chunk, seed: int, outcome: SessionOutcome
-) -> Plan:
-    max_new = min(MAX_NEW_PER_CHUNK, max(1, math.ceil(len(chunk.memories) / 2)))
-    aliases = Aliases.make([m.id for m in chunk.memories], [c.id for c in chunk.clusters], max_new)
-    schema = build_schema(list(aliases.memories), list(aliases.clusters), max_new)
-    msgs = _organize_messages(template, chunk.memories, chunk.clusters, max_new)
-    outcome.calls += 1
-    res = backend.chat_json(msgs, schema, seed=seed)
-    outcome.prompt_tokens += res.prompt_tokens
-    outcome.completion_tokens += res.completion_tokens
-    return parse_plan(res.data, aliases)
-
-
-def combine(plans: list[Plan]) -> Plan:
-    """One plan from the chunks' plans. New clusters are renumbered per chunk, and new
-    clusters with the same name (case-insensitive) in different chunks become one."""
-    out = Plan()
-    by_ref: dict[str, PlanCluster] = {}
-    new_by_name: dict[str, tuple[int, str]] = {}  # name -> (chunk, ref)
-    merged: set[str] = set()
-    reasons = []
-    for i, p in enumerate(plans, 1):
-        remap: dict[str, str] = {}
-        for pc in p.clusters:
-            if pc.ref.startswith(NEW_PREFIX):
-                key = pc.name.casefold()
-                if key in new_by_name and new_by_name[key][0] != i:
-                    remap[pc.ref] = new_by_name[key][1]
-                    continue
-                ref = f"{NEW_PREFIX}{i}-{pc.ref[len(NEW_PREFIX) :]}"
-                remap[pc.ref] = ref
-                new_by_name.setdefault(key, (i, ref))
-                pc = PlanCluster(ref, pc.name, pc.description, pc.tags, pc.merge_from)
-            elif pc.ref in by_ref:
-                continue  # an existing cluster renamed in two chunks: the first one wins
-            srcs = [s for s in pc.merge_from if s not in merged and s != pc.ref]
-            merged.update(srcs)
-            pc = PlanCluster(pc.ref, pc.name, pc.description, pc.tags, srcs)
-            by_ref[pc.ref] = pc
-            out.clusters.append(pc)
-        for mid, ref in p.assign.items():
-            out.assign[mid] = remap.get(ref, ref)
-        out.conflicts.extend(p.conflicts)
-        if p.reason:
-            reasons.append(p.reason)
-    out.reason = " ".join(reasons)[:600]
-    return out
-
-
-# -- applying (writer ops) ---------------------------------------------------------------
-
-
-@dataclass
-class Check:
-    mid: str
-    content: str
-    cid: str
-    cluster: str  # name: description
-    examples: list[str]
-    lexical_ok: bool
+def _snapshot_op(ctx: WriteContext, size: int, access: Mapping[str, int] | None) -> Snapshot:
+    return take_snapshot(ctx.state, size, access)
 
 
 @dataclass
@@ -355,66 +114,25 @@ class ApplyResult:
     moved: int = 0
     checks: list[Check] = field(default_factory=list)
 
+    @property
+    def commits(self) -> list[str]:
+        """The commits it made: the plan's, and its revert if an invariant failed."""
+        return [x for x in (self.sha, self.revert_sha) if x]
 
-def _all_ids(state: Any) -> set[str]:
+    def rejected(self, most: int) -> str:
+        """Why it was not kept, in at most `most` problems ("" when it was)."""
+        return "; ".join((self.problems + self.invariant_problems)[:most])
+
+
+def _all_ids(state: StoreState) -> set[str]:
     ids = {m.id for c in state.clusters.values() for m in c.memories}
     ids |= {m.id for c in state.archived.values() for m in c.memories}
     ids |= {m.id for mems in state.unsorted.values() for m in mems}
     return ids
 
 
-def _lexical_ok(state: Any, mid: str, cid: str) -> bool:
-    """An assignment is lexically incoherent only when the memory shares no term with its
-    cluster while another cluster shares at least two: SLM plans group by use, not words."""
-    m = state.memory(mid)
-    own = state.clusters.get(cid)
-    if m is None or own is None:
-        return False
-    words = terms(m.content)
-    if not words:
-        return True
-    mine = label_terms(own)
-    for x in own.memories:
-        if x.id != mid:
-            mine |= terms(x.content)
-    if words & mine:
-        return True
-    best_other = max(
-        (len(words & cluster_terms(c)) for k, c in state.clusters.items() if k != cid),
-        default=0,
-    )
-    return best_other < 2
-
-
-def _pick_checks(
-    state: Any, assign: dict[str, str], fraction: float, rng: random.Random
-) -> list[Check]:
-    items = sorted(assign.items())
-    if not items or fraction <= 0:
-        return []
-    n = min(len(items), MAX_CHECKS, max(1, round(fraction * len(items))))
-    out = []
-    for mid, cid in rng.sample(items, n):
-        c = state.clusters.get(cid)
-        m = state.memory(mid)
-        if c is None or m is None:
-            continue
-        others = [_clip(x.content, 100) for x in c.memories if x.id != mid][:2]
-        out.append(
-            Check(
-                mid,
-                _clip(m.content, 160),
-                cid,
-                f"{c.name}: {_clip(c.description, 120)}",
-                others,
-                _lexical_ok(state, mid, cid),
-            )
-        )
-    return out
-
-
 def _commit_text(
-    plan: Plan, state: Any, sid: str, label: str, n: int, notes: list[str]
+    plan: Plan, state: StoreState, sid: str, label: str, n: int, notes: list[str]
 ) -> tuple[str, str]:
     new = sum(1 for pc in plan.clusters if pc.ref.startswith(NEW_PREFIX))
     merges = sum(len(pc.merge_from) for pc in plan.clusters)
@@ -430,7 +148,26 @@ def _commit_text(
 
 
 def _apply_op(
-    ctx: Any,
+    ctx: WriteContext,
+    proposal: Proposal,
+    sid: str,
+    label: str,
+    trailers: dict[str, Any],
+    seed: int,
+    notes: list[str],
+) -> ApplyResult:
+    """Make the proposal's plan against the state as it is now, and apply it."""
+    made = proposal.make(ctx.state)
+    if made is None:
+        return ApplyResult()
+    plan, sampled = made
+    return _apply_plan_op(
+        ctx, plan, sampled, sid, label, trailers, proposal.check_fraction, seed, notes
+    )
+
+
+def _apply_plan_op(
+    ctx: WriteContext,
     plan: Plan,
     sampled: list[str],
     sid: str,
@@ -440,6 +177,8 @@ def _apply_op(
     seed: int,
     extra_notes: list[str] | None = None,
 ) -> ApplyResult:
+    """Validate, apply, commit, check the invariants (revert at once when they fail), and
+    pick the assignments to check."""
     state = ctx.state
     res = ApplyResult()
     # memories removed from the store meanwhile are no longer part of the sample
@@ -476,11 +215,11 @@ def _apply_op(
         )
         return res
     final = {mid: applied.created.get(ref, ref) for mid, ref in plan.assign.items()}
-    res.checks = _pick_checks(state, final, check_fraction, random.Random(seed))
+    res.checks = pick_checks(state, final, check_fraction, random.Random(seed))
     return res
 
 
-def _revert_op(ctx: Any, sha: str, subject: str, trailers: dict[str, Any]) -> str:
+def _revert_op(ctx: WriteContext, sha: str, subject: str, trailers: dict[str, Any]) -> str:
     """`git revert` a session commit. If git made the revert commit but re-reading the files
     it touched failed, the whole state is reloaded from disk, so it matches HEAD."""
     head = ctx.git.head()
@@ -495,85 +234,24 @@ def _revert_op(ctx: Any, sha: str, subject: str, trailers: dict[str, Any]) -> st
         return str(new)
 
 
-def _fallback_op(
-    ctx: Any,
-    sampled: list[str],
-    sid: str,
-    trailers: dict[str, Any],
-    cfg: Any,
-    why: list[str],
+def _size_policy_op(
+    ctx: WriteContext, sid: str, trailers: dict[str, Any], cfg: SessionConfig
 ) -> ApplyResult:
-    state = ctx.state
-    mems = []
-    for mid in sampled:
-        where = state.locate(mid)
-        if where is not None and where[0] in ("cluster", "unsorted"):
-            m = state.memory(mid)
-            if m is not None:
-                mems.append(m)
-    if not mems:
-        return ApplyResult()
-    plan = lexical_plan(mems, list(state.clusters.values()), cfg)
-    notes = [f"SLM plan rejected: {w}" for w in why[-4:]]
-    return _apply_op(
-        ctx, plan, [m.id for m in mems], sid, "lexical", trailers, 0.0, 0, extra_notes=notes
-    )
-
-
-def _size_policy_op(ctx: Any, sid: str, trailers: dict[str, Any], cfg: Any) -> ApplyResult:
     state = ctx.state
     plan = size_policy(state, cfg.max_cluster_size, cfg.merge_similarity, cfg.min_cluster_size)
     if plan is None:
         return ApplyResult()
     sampled = list(plan.assign)
-    return _apply_op(ctx, plan, sampled, sid, "size policy", trailers, 0.0, 0)
+    return _apply_plan_op(ctx, plan, sampled, sid, "size policy", trailers, 0.0, 0)
+
+
+def _record_op(ctx: WriteContext, subject: str, body: str, trailers: dict[str, Any]) -> str | None:
+    """An empty commit that records a session's failure, so `git log` / `clagd log` show it
+    even when nothing in the store changed."""
+    return ctx.record(subject, body, trailers)
 
 
 # -- the session -------------------------------------------------------------------------
-
-
-def _semantic_errors(
-    backend: Backend | None,
-    checks: list[Check],
-    prompts_dir: Path | None,
-    seed: int,
-    outcome: SessionOutcome,
-) -> tuple[float, list[str]]:
-    """Share of checked assignments judged wrong: by the SLM (yes/no) when it answers, and by
-    lexical coherence (a memory sharing nothing with its cluster but much with another)."""
-    if not checks:
-        return 0.0, []
-    verdicts: dict[str, str] = {}
-    notes: list[str] = []
-    if backend is not None:
-        keys = [f"A{i}" for i in range(1, len(checks) + 1)]
-        schema = closed_object(
-            {"verdicts": closed_object({k: one_of(["yes", "no"]) for k in keys})}
-        )
-        lines = []
-        for k, ch in zip(keys, checks):
-            held = " ".join(f'"{e}"' for e in ch.examples) or "(nothing else yet)"
-            lines.append(f'{k}: memory "{ch.content}"\n    cluster "{ch.cluster}". Holds: {held}')
-        system = _render(load_prompt(prompts_dir, "validate.md"), answer_format=VALIDATE_FORMAT)
-        msgs = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": "\n".join(lines) + "\nAnswer:"},
-        ]
-        try:
-            outcome.calls += 1
-            res = backend.chat_json(msgs, schema, seed=seed)
-            outcome.prompt_tokens += res.prompt_tokens
-            outcome.completion_tokens += res.completion_tokens
-            verdicts = dict(zip([c.mid for c in checks], (res.data["verdicts"][k] for k in keys)))
-        except (BackendError, KeyError, TypeError) as exc:
-            notes.append(f"SLM validation unavailable ({exc}); lexical check only")
-    wrong = 0
-    for ch in checks:
-        if verdicts.get(ch.mid) == "no" or not ch.lexical_ok:
-            wrong += 1
-            why = "validator said no" if verdicts.get(ch.mid) == "no" else "lexically incoherent"
-            notes.append(f"{ch.mid} in {ch.cluster.split(':')[0]!r}: {why}")
-    return wrong / len(checks), notes
 
 
 def run_session(
@@ -586,191 +264,210 @@ def run_session(
     session_id: str | None = None,
     seed: int | None = None,
 ) -> SessionOutcome:
-    """Run one session to its end and say what happened. `backend` None means the lexical
-    organizer (`none`). Raises only for errors of the store itself (the writer failing)."""
-    start = time.monotonic()
-    cfg = config.session
-    sid = session_id or new_session_id()
-    if backend is None:
-        name, model = NONE_NAME, NONE_MODEL
-    else:
-        name, model = backend.name, backend.model
-    out = SessionOutcome(sid, trigger, name, model)
-    base_seed = seed if seed is not None else _backend_seed(config, name)
+    """Run one session to its end and say what happened. `backend` None (or a
+    `NoneBackend`) means the lexical organizer. Raises only for errors of the store itself
+    (the writer failing)."""
+    organizer = organizer_for(backend, config.session, prompts_dir)
+    return _Session(submit, organizer, config.session, trigger, session_id, seed).run(access)
 
-    def trailers(kind: str = "cluster", **extra: Any) -> dict[str, Any]:
-        t = {"kind": kind, "session": sid, "trigger": trigger, "backend": name, "model": model}
-        return {**t, **extra}
 
-    def finish(status: str) -> SessionOutcome:
+class _Session:
+    """One session's run: its outcome, and the steps that fill it in."""
+
+    def __init__(
+        self,
+        submit: Submit,
+        organizer: Organizer,
+        cfg: SessionConfig,
+        trigger: str,
+        session_id: str | None,
+        seed: int | None,
+    ) -> None:
+        self.start = time.monotonic()
+        self.submit = submit
+        self.organizer = organizer
+        self.cfg = cfg
+        self.trigger = trigger
+        backend = organizer.backend
+        self.out = SessionOutcome(
+            session_id or new_session_id(), trigger, backend.name, backend.model
+        )
+        self.base_seed = seed if seed is not None else backend.seed
+
+    @property
+    def sid(self) -> str:
+        return self.out.session_id
+
+    def trailers(
+        self, kind: str = "cluster", backend: Backend | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """The commit trailers: this session, the backend that made the plan (the
+        session's own unless `backend` says otherwise), then `extra`."""
+        b = backend or self.organizer.backend
+        t = {"kind": kind, "session": self.sid, "trigger": self.trigger}
+        return {**t, "backend": b.name, "model": b.model, **extra}
+
+    def run(self, access: Mapping[str, int] | None) -> SessionOutcome:
+        snap: Snapshot = self.submit(_snapshot_op, self.cfg.sample_size, access).result()
+        self.out.sampled = len(snap.sample)
+        if not snap.sample:
+            self.out.reasons.append("nothing to organize")
+            return self.finish("noop")
+        status: SessionStatus | None = None
+        verdict = self.organize(snap)
+        if verdict == "conflict":
+            return self.finish("failed")
+        if verdict == "rejected":
+            fallback = self.organizer.fallback
+            if fallback is None:
+                return self.finish("failed")
+            status = self.fall_back(fallback, snap)
+        self.size_policy()
+        return self.finish(status or ("accepted" if self.out.commits else "noop"))
+
+    def organize(self, snap: Snapshot) -> Verdict:
+        """Every attempt the organizer allows, until a plan is kept."""
+        for attempt in range(1, self.organizer.attempts + 1):
+            seed = self.base_seed + (attempt - 1) * SEED_STEP
+            tag = self.organizer.tag(attempt, seed)
+            verdict, _res = self.attempt(
+                self.organizer, snap, seed, tag, self.trailers(**tag.trailers)
+            )
+            if verdict != "rejected":
+                return verdict
+        return "rejected"
+
+    def attempt(
+        self,
+        organizer: Organizer,
+        snap: Snapshot,
+        seed: int,
+        tag: Tag,
+        trailers: dict[str, Any],
+        notes: list[str] | None = None,
+    ) -> tuple[Verdict, ApplyResult | None]:
+        """Obtain a plan, apply it (validated on the writer), judge it, keep or revert it."""
+        out = self.out
+        try:
+            proposal = organizer.propose(snap, seed, out)
+        except (BackendError, PlanError) as exc:
+            out.reasons.append(f"{tag.who}{exc}")
+            return "rejected", None
+        res: ApplyResult = self.submit(
+            _apply_op, proposal, self.sid, tag.label, trailers, seed, notes or []
+        ).result()
+        out.commits += res.commits
+        if res.problems:
+            out.reasons.append(f"{tag.who}plan rejected: {'; '.join(res.problems[:4])}")
+            return "rejected", res
+        if res.invariant_problems:
+            shown = "; ".join(res.invariant_problems[:3])
+            out.reasons.append(f"{tag.who}invariant failed, reverted: {shown}")
+            return "rejected", res
+        judged = organizer.judge(res.checks, seed, out)
+        if judged is not None:
+            verdict = self.keep_or_revert(res, tag, *judged)
+            if verdict != "kept":
+                return verdict, res
+        out.moved = res.moved
+        return "kept", res
+
+    def keep_or_revert(self, res: ApplyResult, tag: Tag, rate: float, notes: list[str]) -> Verdict:
+        """Revert an applied plan whose judged error rate is too high."""
+        out, most = self.out, self.cfg.max_error_rate
+        out.error_rate = rate
+        if rate <= most:
+            out.reasons.extend(notes[:3])
+            return "kept"
+        out.reasons.append(
+            f"{tag.who}validation error rate {rate:.0%} > {most:.0%} ({'; '.join(notes[:3])})"
+        )
+        if not res.sha:
+            return "rejected"
+        try:
+            rsha = self.submit(
+                _revert_op,
+                res.sha,
+                f"revert: session {self.sid}: validation error rate {rate:.0%}",
+                self.trailers("revert", reason="validation", status="rolled_back"),
+            ).result()
+        except Conflict as exc:
+            # a later commit (an ingest routed into a new cluster) touched the same files:
+            # git refuses, the plan stays, the outcome says so
+            out.reasons.append(f"cannot revert {res.sha[:10]}: {exc}")
+            return "conflict"
+        out.commits.append(rsha)
+        return "rejected"
+
+    def fall_back(self, fallback: Organizer, snap: Snapshot) -> SessionStatus:
+        """The fallback organizer on the same sample, once; the outcome says why."""
+        out = self.out
+        primary = self.organizer.backend.name
+        tag = fallback.tag(1, self.base_seed)
+        tag = Tag(tag.label, tag.trailers, f"{tag.who}fallback ")
+        extra = {**tag.trailers, "status": "fallback", "fallback": primary}
+        trailers = self.trailers(backend=fallback.backend, **extra)
+        notes = [f"SLM plan rejected: {w}" for w in out.reasons[-4:]]
+        verdict, res = self.attempt(fallback, snap, self.base_seed, tag, trailers, notes)
+        if verdict != "kept":
+            status: SessionStatus = "rolled_back" if out.commits else "failed"
+            self.record(status)
+            return status
+        out.reasons.append("lexical organizer applied to the sample")
+        if res is None or not res.sha:
+            self.record("fallback")
+        return "fallback"
+
+    def record(self, status: SessionStatus) -> None:
+        """An empty commit that says the model's plan was not kept."""
+        out = self.out
+        body = "\n".join(f"- {r}" for r in out.reasons)
+        subject = f"session: {self.sid} {status.replace('_', ' ')}: the SLM plan was not kept"
+        try:
+            sha = self.submit(
+                _record_op, subject, body, self.trailers("session", status=status)
+            ).result()
+        except Exception as exc:  # noqa: BLE001 - the outcome still reports the failure
+            log.warning("could not record session %s in git: %s", self.sid, exc)
+            return
+        if sha:
+            out.commits.append(sha)
+
+    def size_policy(self) -> None:
+        res: ApplyResult = self.submit(
+            _size_policy_op, self.sid, self.trailers(policy="size"), self.cfg
+        ).result()
+        self.out.commits += res.commits
+        if res.problems or res.invariant_problems:
+            self.out.reasons.append(f"size policy skipped: {res.rejected(2)}")
+
+    def finish(self, status: SessionStatus) -> SessionOutcome:
+        out = self.out
         out.status = status
-        out.seconds = time.monotonic() - start
+        out.seconds = time.monotonic() - self.start
         log.info(
             "session %s (%s, %s/%s): %s%s",
-            sid,
-            trigger,
-            name,
-            model,
+            self.sid,
+            self.trigger,
+            out.backend,
+            out.model,
             status,
             f" - {'; '.join(out.reasons[-3:])}" if out.reasons else "",
         )
         return out
 
-    snap: Snapshot = submit(_snapshot_op, cfg.sample_size, access).result()
-    sampled = [m.id for m in snap.sample]
-    out.sampled = len(sampled)
-    if not sampled:
-        out.reasons.append("nothing to organize")
-        return finish("noop")
 
-    accepted = False
-    if backend is not None:
-        template = load_prompt(prompts_dir, "organize.md")
-        coarse = snap.total > cfg.coarse_threshold
-        chunks = make_chunks(snap, template, cfg.chunk_size, backend.context_tokens, coarse)
-        for attempt in range(2):
-            out.attempts += 1
-            s = base_seed + attempt * 7919
-            try:
-                plan = combine([_propose_chunk(backend, template, ch, s, out) for ch in chunks])
-            except (BackendError, PlanError) as exc:
-                out.reasons.append(f"attempt {attempt + 1}: {exc}")
-                continue
-            res: ApplyResult = submit(
-                _apply_op,
-                plan,
-                sampled,
-                sid,
-                f"{name} attempt {attempt + 1}",
-                trailers(attempt=attempt + 1, seed=s, status="applied"),
-                cfg.validate_fraction,
-                s,
-            ).result()
-            if res.problems:
-                shown = "; ".join(res.problems[:4])
-                out.reasons.append(f"attempt {attempt + 1}: plan rejected: {shown}")
-                continue
-            out.commits += [x for x in (res.sha, res.revert_sha) if x]
-            if res.invariant_problems:
-                shown = "; ".join(res.invariant_problems[:3])
-                out.reasons.append(f"attempt {attempt + 1}: invariant failed, reverted: {shown}")
-                continue
-            rate, notes = _semantic_errors(backend, res.checks, prompts_dir, s, out)
-            out.error_rate = rate
-            if rate > cfg.max_error_rate:
-                out.reasons.append(
-                    f"attempt {attempt + 1}: validation error rate {rate:.0%} > "
-                    f"{cfg.max_error_rate:.0%} ({'; '.join(notes[:3])})"
-                )
-                if res.sha:
-                    try:
-                        rsha = submit(
-                            _revert_op,
-                            res.sha,
-                            f"revert: session {sid}: validation error rate {rate:.0%}",
-                            trailers("revert", reason="validation", status="rolled_back"),
-                        ).result()
-                    except Conflict as exc:
-                        # a later commit (an ingest routed into a new cluster) touched the
-                        # same files: git refuses, the plan stays, the outcome says so
-                        out.reasons.append(f"cannot revert {res.sha[:10]}: {exc}")
-                        return finish("failed")
-                    out.commits.append(rsha)
-                continue
-            if notes:
-                out.reasons.extend(notes[:3])
-            out.moved = res.moved
-            accepted = True
-            break
-        if not accepted:
-            fb_trailers = {
-                **trailers(status="fallback"),
-                "backend": NONE_NAME,
-                "model": NONE_MODEL,
-                "fallback": name,
-            }
-            fb = submit(_fallback_op, sampled, sid, fb_trailers, cfg, out.reasons).result()
-            out.commits += [x for x in (fb.sha, fb.revert_sha) if x]
-            if fb.problems or fb.invariant_problems:
-                out.reasons.append(
-                    "lexical fallback failed: "
-                    + "; ".join((fb.problems + fb.invariant_problems)[:3])
-                )
-                status = "rolled_back" if out.commits else "failed"
-                _record(submit, sid, trailers, status, out)
-                _size_policy(submit, sid, trailers, cfg, out)
-                return finish(status)
-            out.moved = fb.moved
-            out.reasons.append("lexical organizer applied to the sample")
-            if not fb.sha:
-                _record(submit, sid, trailers, "fallback", out)
-            _size_policy(submit, sid, trailers, cfg, out)
-            return finish("fallback")
-    else:
-        res = submit(_fallback_op, sampled, sid, trailers(), cfg, []).result()
-        if res.problems or res.invariant_problems:
-            out.commits += [x for x in (res.sha, res.revert_sha) if x]
-            out.reasons.append(
-                "lexical plan rejected: " + "; ".join((res.problems + res.invariant_problems)[:3])
-            )
-            return finish("failed")
-        out.commits += [x for x in (res.sha,) if x]
-        out.moved = res.moved
-    _size_policy(submit, sid, trailers, cfg, out)
-    return finish("accepted" if out.commits else "noop")
+# -- the engine's hook --------------------------------------------------------------------
 
 
-def _record_op(ctx: Any, subject: str, body: str, trailers: dict[str, Any]) -> str | None:
-    """An empty commit that records a session's failure, so `git log` / `clagd log` show it
-    even when nothing in the store changed."""
-    return ctx.record(subject, body, trailers)
-
-
-def _record(
-    submit: Submit,
-    sid: str,
-    trailers: Callable[..., dict[str, Any]],
-    status: str,
-    out: SessionOutcome,
-) -> None:
-    body = "\n".join(f"- {r}" for r in out.reasons)
-    subject = f"session: {sid} {status.replace('_', ' ')}: the SLM plan was not kept"
-    try:
-        sha = submit(_record_op, subject, body, trailers("session", status=status)).result()
-    except Exception as exc:  # noqa: BLE001 - the outcome still reports the failure
-        log.warning("could not record session %s in git: %s", sid, exc)
-        return
-    if sha:
-        out.commits.append(sha)
-
-
-def _size_policy(
-    submit: Submit, sid: str, trailers: Callable[..., dict[str, Any]], cfg: Any, out: SessionOutcome
-) -> None:
-    res = submit(_size_policy_op, sid, trailers(policy="size"), cfg).result()
-    out.commits += [x for x in (res.sha, res.revert_sha) if x]
-    if res.problems or res.invariant_problems:
-        out.reasons.append(
-            "size policy skipped: " + "; ".join((res.problems + res.invariant_problems)[:2])
-        )
-
-
-def _backend_seed(config: Config, name: str) -> int:
-    if name == "ollama":
-        return int(config.backend.ollama.seed)
-    if name == "llamacpp":
-        return int(config.backend.llamacpp.seed)
-    return 0
-
-
-def engine_session_runner(backends: Any) -> Callable[..., dict[str, Any]]:
+def engine_session_runner(backends: BackendManager) -> Callable[..., dict[str, Any]]:
     """The `Engine.session_runner` hook: run a session on an engine with the backend the
     manager (`slm.BackendManager`) has chosen, or the one `backend` names."""
 
     def runner(engine: Any, trigger: str = "manual", backend: str | None = None) -> dict[str, Any]:
         chosen: Backend | None
-        if backend == NONE_NAME:
-            chosen = None
+        if backend == NoneBackend.name:
+            chosen = NoneBackend()
         else:
             chosen = backends.get()
             if backend and (chosen is None or chosen.name != backend):
@@ -787,7 +484,7 @@ def engine_session_runner(backends: Any) -> Callable[..., dict[str, Any]]:
             trigger=trigger,
             access=access,
         )
-        if outcome.status in ("fallback", "rolled_back", "failed") and chosen is not None:
+        if outcome.status in FAILED_STATUSES and outcome.asked_model:
             backends.record_failure("; ".join(outcome.reasons[-2:]))
         return outcome.to_dict()
 

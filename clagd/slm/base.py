@@ -26,9 +26,14 @@ class ChatResult:
 
 @runtime_checkable
 class Backend(Protocol):
-    name: str  # "ollama" | "llamacpp"
+    name: str  # "ollama" | "llamacpp" | "none"
     model: str  # model name or GGUF path, as shown in trailers and `status`
     context_tokens: int  # the context window the session must fit each call into
+
+    @property
+    def seed(self) -> int:
+        """The seed a session's first plan is asked with (the next attempt adds to it)."""
+        ...
 
     def available(self) -> tuple[bool, str]:
         """Cheap, time-bounded check: can this backend answer now? (ok, reason)."""

@@ -171,6 +171,10 @@ class LlamaCppBackend:
         self._last_failure = 0.0
         self.last_error = ""
 
+    @property
+    def seed(self) -> int:
+        return int(self.cfg.seed)
+
     def available(self) -> tuple[bool, str]:
         if not llama_cpp_installed():
             return False, "llama-cpp-python is not installed (pip install 'clagd[embedded]')"

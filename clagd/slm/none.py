@@ -1,31 +1,44 @@
-"""The `none` backend: no model, the lexical organizer (`clagd.organizer`) makes the plan.
+"""The `none` backend: no model. It says so the way the other backends say what they are
+(`name`, `model`, `available()`), so a session holding it runs the same path as with a model:
+`clagd.organize.organizers.organizer_for` gives it the lexical organizer, which makes plans
+without asking anything.
 
-It is what `auto` falls back to when no SLM answers, and what a session falls back to when an
-SLM plan fails validation twice.
+It is what `backend.kind: none` means, what `auto` amounts to when no SLM answers, and what a
+session names in its trailers (`Clagd-Backend: none`, `Clagd-Model: lexical`) when the lexical
+organizer made the plan, also as the fallback of a model whose plans failed twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
-from clagd.config import SessionConfig
-from clagd.model import Cluster, Memory
-
-if TYPE_CHECKING:
-    from clagd.organize.plan import Plan
+from clagd.errors import BackendError
+from clagd.slm.base import ChatResult
 
 NAME = "none"
 MODEL = "lexical"
 
 
-def lexical_plan(
-    memories: Sequence[Memory],
-    clusters: Iterable[Cluster],
-    cfg: SessionConfig,
-    now: str | None = None,
-) -> Plan:
-    """The organizer's plan for `memories` (the sample) among `clusters`."""
-    from clagd.organize.lexical import organize
+class NoneBackend:
+    """No model: nothing to load, nothing to ask, always available."""
 
-    return organize(list(memories), list(clusters), cfg, now=now)
+    name = NAME
+    model = MODEL
+    context_tokens = 0
+    seed = 0
+
+    def available(self) -> tuple[bool, str]:
+        return True, "no model: the lexical organizer makes the plans"
+
+    def chat_json(
+        self,
+        messages: list[dict[str, str]],
+        schema: dict[str, Any],
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> ChatResult:
+        """There is no model to ask: callers choose the lexical path instead of calling this."""
+        raise BackendError("backend none has no model to ask")
+
+    def close(self) -> None:
+        """Nothing to release."""

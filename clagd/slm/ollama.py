@@ -33,6 +33,10 @@ class OllamaBackend:
         self.host = cfg.host or os.environ.get("OLLAMA_HOST", "") or "http://127.0.0.1:11434"
         self.probe_timeout = probe_timeout
 
+    @property
+    def seed(self) -> int:
+        return int(self.cfg.seed)
+
     def _client(self, timeout: float) -> ollama.Client:
         return ollama.Client(host=self.host, timeout=timeout)
 

@@ -1,0 +1,231 @@
+"""Who makes a session's plans: `LexicalOrganizer` (no model) or `ModelOrganizer` (an SLM
+backend), behind one interface, so a session runs one path whichever it has:
+
+    proposal = organizer.propose(snapshot, seed, meter)   # the one place a plan is obtained
+    ... the session applies it on the writer (`validate_plan`, invariants) ...
+    organizer.judge(checks, seed, meter)                   # the organizer's own verdict
+
+`organizer_for(backend)` is the one place that picks an organizer for a backend; the "no
+model" backend (`slm.none.NoneBackend`) gets the lexical organizer. An organizer that may
+fail names its `fallback`, which the session runs on the same sample when every attempt
+failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from clagd.config import SessionConfig
+from clagd.errors import BackendError
+from clagd.model import Memory
+from clagd.organize.chunks import Chunk, combine, make_chunks
+from clagd.organize.lexical import organize
+from clagd.organize.plan import Aliases, Plan, build_schema, parse_plan
+from clagd.organize.prompts import (
+    Messages,
+    load_prompt,
+    organize_messages,
+    validate_messages,
+)
+from clagd.organize.sample import Check, Snapshot
+from clagd.slm.base import Backend, ChatResult
+from clagd.slm.none import NoneBackend
+from clagd.slm.schema import Schema, closed_object, one_of
+from clagd.store.files import StoreState
+
+# a retry asks with another seed: this far from the last one
+SEED_STEP = 7919
+
+
+class Meter(Protocol):
+    """What a session counts of its model use (`SessionOutcome` is one)."""
+
+    attempts: int
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+# runs on the writer with the live state: the plan and the ids of the memories it covers,
+# or None when there is nothing to organize
+PlanMaker = Callable[[StoreState], "tuple[Plan, list[str]] | None"]
+
+
+@dataclass
+class Proposal:
+    """A plan to apply: made before (a model's) or on the writer (the lexical organizer's,
+    from the state as it is then), and the share of its assignments to check afterwards."""
+
+    make: PlanMaker
+    check_fraction: float = 0.0
+
+
+@dataclass(frozen=True)
+class Tag:
+    """How one attempt is named: in its commit subject, trailers and the session's reasons."""
+
+    label: str  # "ollama attempt 1", "lexical"
+    trailers: dict[str, Any] = field(default_factory=dict)  # which attempt, which seed
+    who: str = ""  # "attempt 1: ", "lexical "
+
+
+# share of checked assignments judged wrong, and the notes that say why
+Judgement = tuple[float, list[str]]
+
+
+class Organizer(Protocol):
+    backend: Backend  # named in trailers and the outcome (`NoneBackend` for no model)
+    attempts: int  # plans a session may try before it turns to `fallback`
+    fallback: Organizer | None
+
+    def tag(self, attempt: int, seed: int) -> Tag: ...
+
+    def propose(self, snap: Snapshot, seed: int, meter: Meter) -> Proposal:
+        """A plan for the sample; raises BackendError or PlanError when there is none."""
+        ...
+
+    def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
+        """The verdict on an applied plan's checked assignments; None: not judged."""
+        ...
+
+
+def organizer_for(
+    backend: Backend | None, cfg: SessionConfig, prompts_dir: Path | None = None
+) -> Organizer:
+    """The organizer for a backend: the lexical one when there is no model."""
+    if backend is None or isinstance(backend, NoneBackend):
+        return LexicalOrganizer(cfg)
+    return ModelOrganizer(backend, cfg, prompts_dir)
+
+
+def _present(state: StoreState, sampled: list[str]) -> list[Memory]:
+    """The sampled memories still hot (in a cluster or unsorted), as they are now."""
+    mems = []
+    for mid in sampled:
+        where = state.locate(mid)
+        if where is not None and where[0] in ("cluster", "unsorted"):
+            m = state.memory(mid)
+            if m is not None:
+                mems.append(m)
+    return mems
+
+
+class LexicalOrganizer:
+    """Plans by time episodes and topic shifts (`organize.lexical`): no model, one attempt,
+    nothing to judge. The plan is made on the writer, from the memories as they are then."""
+
+    attempts = 1
+    fallback: Organizer | None = None
+
+    def __init__(self, cfg: SessionConfig) -> None:
+        self.cfg = cfg
+        self.backend: Backend = NoneBackend()
+
+    def tag(self, attempt: int, seed: int) -> Tag:
+        return Tag("lexical", {}, "lexical ")
+
+    def propose(self, snap: Snapshot, seed: int, meter: Meter) -> Proposal:
+        sampled, cfg = snap.sampled, self.cfg
+
+        def make(state: StoreState) -> tuple[Plan, list[str]] | None:
+            mems = _present(state, sampled)
+            if not mems:
+                return None
+            return organize(mems, list(state.clusters.values()), cfg), [m.id for m in mems]
+
+        return Proposal(make)
+
+    def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
+        return None
+
+
+def ask(
+    backend: Backend, messages: Messages, schema: Schema, seed: int, meter: Meter
+) -> ChatResult:
+    """Ask the model once, counting the call and its tokens."""
+    meter.calls += 1
+    res = backend.chat_json(messages, schema, seed=seed)
+    meter.prompt_tokens += res.prompt_tokens
+    meter.completion_tokens += res.completion_tokens
+    return res
+
+
+class ModelOrganizer:
+    """Asks an SLM for the plan, chunk by chunk (aliases and a schema that enumerates them),
+    two attempts with different seeds; judges an applied plan by a yes/no call on a sample
+    of its assignments plus a lexical coherence check; falls back to the lexical organizer."""
+
+    attempts = 2
+
+    def __init__(self, backend: Backend, cfg: SessionConfig, prompts_dir: Path | None) -> None:
+        self.backend = backend
+        self.cfg = cfg
+        self.prompts_dir = prompts_dir
+        self.fallback: Organizer | None = LexicalOrganizer(cfg)
+        self._chunked: tuple[Snapshot, str, list[Chunk]] | None = None
+
+    def tag(self, attempt: int, seed: int) -> Tag:
+        trailers = {"attempt": attempt, "seed": seed, "status": "applied"}
+        return Tag(f"{self.backend.name} attempt {attempt}", trailers, f"attempt {attempt}: ")
+
+    def _chunks(self, snap: Snapshot) -> tuple[str, list[Chunk]]:
+        """The prompt template and the chunks of this sample (made once per sample)."""
+        if self._chunked is None or self._chunked[0] is not snap:
+            cfg = self.cfg
+            template = load_prompt(self.prompts_dir, "organize.md")
+            coarse = snap.total > cfg.coarse_threshold
+            ctx = self.backend.context_tokens
+            chunks = make_chunks(snap, template, cfg.chunk_size, ctx, coarse)
+            self._chunked = (snap, template, chunks)
+        return self._chunked[1], self._chunked[2]
+
+    def propose(self, snap: Snapshot, seed: int, meter: Meter) -> Proposal:
+        template, chunks = self._chunks(snap)
+        meter.attempts += 1
+        plan = combine([self._propose_chunk(template, ch, seed, meter) for ch in chunks])
+        sampled = snap.sampled
+        return Proposal(lambda _state: (plan, sampled), self.cfg.validate_fraction)
+
+    def _propose_chunk(self, template: str, chunk: Chunk, seed: int, meter: Meter) -> Plan:
+        max_new = chunk.max_new
+        aliases = Aliases.make(
+            [m.id for m in chunk.memories], [c.id for c in chunk.clusters], max_new
+        )
+        schema = build_schema(list(aliases.memories), list(aliases.clusters), max_new)
+        msgs = organize_messages(template, chunk.memories, chunk.clusters, max_new)
+        res = ask(self.backend, msgs, schema, seed, meter)
+        return parse_plan(res.data, aliases)
+
+    def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
+        """Share of checked assignments judged wrong: by the SLM (yes/no) when it answers,
+        and by lexical coherence (a memory sharing nothing with its cluster but much with
+        another)."""
+        if not checks:
+            return 0.0, []
+        notes: list[str] = []
+        try:
+            verdicts = self._verdicts(checks, seed, meter)
+        except (BackendError, KeyError, TypeError) as exc:
+            verdicts = {}
+            notes.append(f"SLM validation unavailable ({exc}); lexical check only")
+        wrong = 0
+        for ch in checks:
+            if verdicts.get(ch.mid) == "no" or not ch.lexical_ok:
+                wrong += 1
+                said_no = verdicts.get(ch.mid) == "no"
+                why = "validator said no" if said_no else "lexically incoherent"
+                notes.append(f"{ch.mid} in {ch.cluster.split(':')[0]!r}: {why}")
+        return wrong / len(checks), notes
+
+    def _verdicts(self, checks: list[Check], seed: int, meter: Meter) -> dict[str, str]:
+        """memory id -> "yes" | "no", in one schema-constrained call."""
+        keys = [f"A{i}" for i in range(1, len(checks) + 1)]
+        schema = closed_object(
+            {"verdicts": closed_object({k: one_of(["yes", "no"]) for k in keys})}
+        )
+        template = load_prompt(self.prompts_dir, "validate.md")
+        res = ask(self.backend, validate_messages(template, keys, checks), schema, seed, meter)
+        return dict(zip([c.mid for c in checks], (res.data["verdicts"][k] for k in keys)))

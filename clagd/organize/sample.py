@@ -1,0 +1,127 @@
+"""What a session looks at: the sample (copied on the writer, so the model is asked without
+holding it) and, after a plan is applied, the assignments it checks."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from clagd.model import Cluster, Memory
+from clagd.organize.prompts import clip
+from clagd.organize.similarity import cluster_terms, label_terms, terms
+from clagd.store.files import StoreState
+
+MAX_CHECKS = 20
+
+
+@dataclass
+class Snapshot:
+    sample: list[Memory]
+    home: dict[str, str | None]  # sampled memory id -> its cluster id (None: unsorted)
+    clusters: dict[str, Cluster]  # copies of every hot cluster
+    total: int
+
+    @property
+    def sampled(self) -> list[str]:
+        return [m.id for m in self.sample]
+
+
+def choose_sample(
+    state: StoreState, size: int, access: Mapping[str, int] | None = None
+) -> list[tuple[Memory, str | None]]:
+    """Unsorted memories first (oldest first), then the most recently added clustered ones
+    and the most accessed, interleaved, up to `size`."""
+    picked: dict[str, tuple[Memory, str | None]] = {}
+    for mems in state.unsorted.values():
+        for m in sorted(mems, key=lambda m: m.created_at):
+            if len(picked) < size:
+                picked.setdefault(m.id, (m, None))
+    clustered: list[tuple[Memory, str | None]] = [
+        (m, cid) for cid, c in state.clusters.items() for m in c.memories
+    ]
+    recent = sorted(clustered, key=lambda p: p[0].created_at, reverse=True)
+    hot = sorted(clustered, key=lambda p: -(access or {}).get(p[0].id, 0)) if access else []
+    for i in range(max(len(recent), len(hot))):
+        for seq in (recent, hot):
+            if len(picked) >= size:
+                break
+            if i < len(seq):
+                picked.setdefault(seq[i][0].id, seq[i])
+    return list(picked.values())
+
+
+def take_snapshot(state: StoreState, size: int, access: Mapping[str, int] | None) -> Snapshot:
+    """Copies of the sample and of every hot cluster (run on the writer)."""
+    sample = choose_sample(state, size, access)
+    total = sum(len(c.memories) for c in state.clusters.values()) + sum(
+        len(v) for v in state.unsorted.values()
+    )
+    return Snapshot(
+        sample=[copy.deepcopy(m) for m, _ in sample],
+        home={m.id: cid for m, cid in sample},
+        clusters={cid: copy.deepcopy(c) for cid, c in state.clusters.items()},
+        total=total,
+    )
+
+
+@dataclass
+class Check:
+    mid: str
+    content: str
+    cid: str
+    cluster: str  # name: description
+    examples: list[str]
+    lexical_ok: bool
+
+
+def lexical_ok(state: StoreState, mid: str, cid: str) -> bool:
+    """An assignment is lexically incoherent only when the memory shares no term with its
+    cluster while another cluster shares at least two: SLM plans group by use, not words."""
+    m = state.memory(mid)
+    own = state.clusters.get(cid)
+    if m is None or own is None:
+        return False
+    words = terms(m.content)
+    if not words:
+        return True
+    mine = label_terms(own)
+    for x in own.memories:
+        if x.id != mid:
+            mine |= terms(x.content)
+    if words & mine:
+        return True
+    best_other = max(
+        (len(words & cluster_terms(c)) for k, c in state.clusters.items() if k != cid),
+        default=0,
+    )
+    return best_other < 2
+
+
+def pick_checks(
+    state: StoreState, assign: dict[str, str], fraction: float, rng: random.Random
+) -> list[Check]:
+    """A random `fraction` of the applied assignments (at least 1, at most `MAX_CHECKS`)."""
+    items = sorted(assign.items())
+    if not items or fraction <= 0:
+        return []
+    n = min(len(items), MAX_CHECKS, max(1, round(fraction * len(items))))
+    out = []
+    for mid, cid in rng.sample(items, n):
+        c = state.clusters.get(cid)
+        m = state.memory(mid)
+        if c is None or m is None:
+            continue
+        others = [clip(x.content, 100) for x in c.memories if x.id != mid][:2]
+        out.append(
+            Check(
+                mid,
+                clip(m.content, 160),
+                cid,
+                f"{c.name}: {clip(c.description, 120)}",
+                others,
+                lexical_ok(state, mid, cid),
+            )
+        )
+    return out
