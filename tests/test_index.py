@@ -59,7 +59,7 @@ def test_empty_store_and_stopword_query_give_empty_results():
     empty = Index.build({}, [])
     res = empty.search("anything at all")
     assert res.memories == [] and res.context == "" and res.tokens == 0
-    assert empty.route(mem("hiking")) is None
+    assert empty.route_many([mem("hiking")]) == [None]
     ix = Index.build({HIKING.id: HIKING}, [mem("unsorted note about hiking", 9)])
     assert ix.search("the and of what is it").memories == []
     assert ix.search("").memories == []
@@ -240,15 +240,15 @@ def test_route_needs_a_clear_winner():
     loose = IngestConfig(route_min_score=2.0, route_margin=1.0)
     ix = Index.build({c.id: c for c in (HIKING, COOKING)}, [], Config().retrieval, loose)
     strong = mem("hiking boots for the mountains hike, more hiking in rain", 9)
-    assert ix.route(strong) == HIKING.id
-    assert ix.route(mem("bought a new car", 9)) is None
+    assert ix.route_many([strong]) == [HIKING.id]
+    assert ix.route_many([mem("bought a new car", 9)]) == [None]
     strict = Index.build(
         {c.id: c for c in (HIKING, COOKING)},
         [],
         RetrievalConfig(),
         IngestConfig(route_min_score=1000.0),
     )
-    assert strict.route(strong) is None
+    assert strict.route_many([strong]) == [None]
 
 
 def test_freshness_and_confidence_only_when_enabled():
@@ -517,12 +517,28 @@ def _routing_store(seed: int):
     return clusters, batch
 
 
+def _route_one(ix: Index, memory: Memory) -> str | None:
+    """The reference `route_many` must equal: one memory's cluster-profile BM25 vector, its
+    best slot by a stable sort, compared as Python floats."""
+    if not ix._cslot_of:
+        return None
+    scores = ix._cluster_bm25(ix._term_ids(memory.content))
+    if not len(scores):
+        return None
+    top = np.argsort(-scores, kind="stable")[:2]
+    best = float(scores[top[0]])
+    second = float(scores[top[1]]) if len(top) > 1 else 0.0
+    if best >= ix.ingest.route_min_score and best - second >= ix.ingest.route_margin:
+        return ix._clusters[int(top[0])].id
+    return None
+
+
 @pytest.mark.parametrize("idf_mode", ["lucene", "okapi"])
 def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
     clusters, batch = _routing_store(11)
     loose = IngestConfig(route_min_score=1.0, route_margin=0.3)
     ix = Index.build(clusters, [], RetrievalConfig(idf=idf_mode), loose)
-    one = [ix.route(m) for m in batch]
+    one = [_route_one(ix, m) for m in batch]
     assert ix.route_many(batch) == one
     assert any(one) and not all(one)  # some routed, some not
     # several chunks of rows
@@ -536,7 +552,7 @@ def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
         remove_clusters=[cids[1]],
     )
     assert len(ix2._c_dead)
-    assert ix2.route_many(batch) == [ix2.route(m) for m in batch]
+    assert ix2.route_many(batch) == [_route_one(ix2, m) for m in batch]
     assert ix2.route_many([]) == []
     assert Index.build({}, []).route_many(batch[:3]) == [None, None, None]
 

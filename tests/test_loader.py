@@ -71,7 +71,7 @@ def test_parallel_load_equals_a_load_in_one_process(tmp_path: Path) -> None:
     many = loader.load_store(root, cfg, workers=3)
     assert (one.workers, many.workers) == (1, 3)
     files = load_state(root)
-    plain = Index.build(files.clusters, files.unsorted_memories(), cfg)
+    plain = Index.build(files.clusters, files.unsorted_memories(), cfg.retrieval, cfg.ingest)
     hot = {m.id for m, area, _ in files.all_memories() if area != "archive"}
     assert len(hot) == 241 and any(_results(plain))
     for got in (one, many):

@@ -153,7 +153,9 @@ class Engine:
     def _on_change(self, changes: Changes, state: StoreState) -> None:
         structural = changes.upsert_clusters or changes.remove_clusters
         if changes.full:
-            self.index = Index.build(state.clusters, state.unsorted_memories(), self.config)
+            self.index = Index.build(
+                state.clusters, state.unsorted_memories(), self.config.retrieval, self.config.ingest
+            )
             self.known = state.memory_ids()
         elif structural or changes.add_unsorted or changes.remove_unsorted:
             self.index = self.index.apply(
@@ -175,7 +177,7 @@ class Engine:
     def archive_index(self) -> Index:
         idx = self._archive_index
         if idx is None:
-            idx = Index.build(self._archived, [], self.config)
+            idx = Index.build(self._archived, [], self.config.retrieval, self.config.ingest)
             self._archive_index = idx
         return idx
 

@@ -22,10 +22,10 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from clagd.config import Config
 from clagd.retrieval.index import Index
 from clagd.store.files import (
     CLUSTERS,
@@ -146,17 +146,17 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def load_store(root: Path, config: Any = None, workers: int = 0) -> Loaded:
+def load_store(root: Path, config: Config | None = None, workers: int = 0) -> Loaded:
     """Every data file of the store, parsed, indexed and checked (`store.apply_update`:
-    raises StoreError naming every problem). `config` is the store's Config (or its
-    retrieval section) for the index. `workers` 0 = as many processes as there are CPUs (at
+    raises StoreError naming every problem). `config` is the store's Config, for the index
+    (None: the defaults). `workers` 0 = as many processes as there are CPUs (at
     most MAX_WORKERS) when the store is large enough to gain from it, 1 = this one only."""
     with _gc_paused():
         return _load_store(Path(root), config, workers)
 
 
-def _load_store(root: Path, config: Any, workers: int) -> Loaded:
-    index = Index(config)
+def _load_store(root: Path, config: Config | None, workers: int) -> Loaded:
+    index = Index.for_config(config) if config is not None else Index()
     stem, stopwords = index.cfg.stemmer, index.cfg.stopwords
     rels = data_files(root)
     if workers <= 0:

@@ -118,14 +118,16 @@ class InProcessPipeline:
         if backend != "none":
             raise ValueError("the in-process pipeline only runs the lexical organizer")
         self.config = config
-        self.index = Index(config)
+        self.index = Index.for_config(config)
 
     def ingest(self, turns: list[Turn]) -> None:
         mems = list(
             {m.id: m for m in (Memory.new(t.content, t.created_at) for t in turns)}.values()
         )
         clusters = organize_all(mems, self.config.session)
-        self.index = Index.build({c.id: c for c in clusters}, [], self.config)
+        self.index = Index.build(
+            {c.id: c for c in clusters}, [], self.config.retrieval, self.config.ingest
+        )
 
     def query(self, text: str, k: int) -> dict[str, Any]:
         return self.index.search(text, max_memories=k, token_budget=0).to_dict()

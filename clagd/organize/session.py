@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from clagd.config import Config, SessionConfig
 from clagd.errors import BackendError, ClagdError, Conflict, StoreError
@@ -55,8 +55,8 @@ from clagd.organize.sample import Check, Snapshot, pick_checks, take_snapshot
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager
 from clagd.slm.none import NoneBackend
-from clagd.store.files import StoreState
-from clagd.store.writer import WriteContext
+from clagd.store.files import Paths, StoreState
+from clagd.store.writer import WriteContext, Writer
 
 log = logging.getLogger("clagd.session")
 
@@ -460,11 +460,33 @@ class _Session:
 # -- the engine's hook --------------------------------------------------------------------
 
 
+class _AccessCounts(Protocol):
+    def most_accessed(self, n: int) -> list[str]: ...
+
+
+class SessionHost(Protocol):
+    """What the runner needs of an engine (`engine.core.Engine`; organize/ sits below it)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def writer(self) -> Writer: ...
+
+    @property
+    def paths(self) -> Paths: ...
+
+    @property
+    def stats(self) -> _AccessCounts: ...
+
+
 def engine_session_runner(backends: BackendManager) -> Callable[..., dict[str, Any]]:
-    """The `Engine.session_runner` hook: run a session on an engine with the backend the
+    """The engine's `session_runner` hook: run a session on an engine with the backend the
     manager (`slm.BackendManager`) has chosen, or the one `backend` names."""
 
-    def runner(engine: Any, trigger: str = "manual", backend: str | None = None) -> dict[str, Any]:
+    def runner(
+        engine: SessionHost, trigger: str = "manual", backend: str | None = None
+    ) -> dict[str, Any]:
         chosen: Backend | None
         if backend == NoneBackend.name:
             chosen = NoneBackend()

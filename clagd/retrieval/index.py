@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from clagd.config import IngestConfig, RetrievalConfig
+from clagd.config import Config, IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory, parse_time
 from clagd.text import estimate_tokens, tokenize
 
@@ -87,7 +87,7 @@ class SearchResult:
         }
 
 
-def idf(n_docs: int, df: np.ndarray | int, mode: str = "lucene") -> Any:
+def idf(n_docs: int, df: np.ndarray | int, mode: str = "lucene") -> np.ndarray | float:
     """BM25 IDF. `lucene` is always positive; `okapi` is rank-bm25's (before its floor)."""
     if mode == "okapi":
         return np.log((n_docs - df + 0.5) / (df + 0.5))
@@ -169,8 +169,8 @@ class _IdMap:
 
 class _Slots:
     """An append-only sequence of memories (by slot) shared between snapshots: chunks of
-    fixed size; extending copies the list of chunks and the last chunk only. (Copying one
-    flat list of 100k objects costs ~10 ms: every reference count is touched.)"""
+    fixed size; extending copies the list of chunks and the last chunk only, not every
+    reference (docs/retrieval.md, "Slots", says what a flat copy costs)."""
 
     __slots__ = ("chunks", "size")
     CHUNK = 4096
@@ -206,14 +206,24 @@ class _Segment:
 
     __slots__ = ("start", "stop", "indptr", "slots", "tf", "fptr", "ftid", "ftf")
 
-    def __init__(self, start: int, stop: int, indptr, slots, tf, fptr, ftid, ftf) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        start: int,
+        stop: int,
+        indptr: np.ndarray,
+        slots: np.ndarray,
+        tf: np.ndarray,
+        fptr: np.ndarray,
+        ftid: np.ndarray,
+        ftf: np.ndarray,
+    ) -> None:
         self.start, self.stop = start, stop
-        self.indptr: np.ndarray = indptr
-        self.slots: np.ndarray = slots
-        self.tf: np.ndarray = tf
-        self.fptr: np.ndarray = fptr
-        self.ftid: np.ndarray = ftid
-        self.ftf: np.ndarray = ftf
+        self.indptr = indptr
+        self.slots = slots
+        self.tf = tf
+        self.fptr = fptr
+        self.ftid = ftid
+        self.ftf = ftf
 
     @property
     def nnz(self) -> int:
@@ -588,10 +598,9 @@ class Index:
 
     FORMAT = 2  # of the pickled form (the engine's start-up snapshot)
 
-    def __init__(self, cfg: Any = None, ingest: IngestConfig | None = None) -> None:
-        if cfg is not None and hasattr(cfg, "retrieval"):  # a whole Config
-            ingest = ingest or getattr(cfg, "ingest", None)
-            cfg = cfg.retrieval
+    def __init__(
+        self, cfg: RetrievalConfig | None = None, ingest: IngestConfig | None = None
+    ) -> None:
         self.cfg: RetrievalConfig = cfg or RetrievalConfig()
         self.ingest: IngestConfig = ingest or IngestConfig()
         self._format = self.FORMAT
@@ -648,11 +657,16 @@ class Index:
 
     # ----------------------------------------------------------------- building
     @classmethod
+    def for_config(cls, config: Config) -> Index:
+        """An empty index with the store's `retrieval` and `ingest` settings."""
+        return cls(config.retrieval, config.ingest)
+
+    @classmethod
     def build(
         cls,
         clusters: Mapping[str, Cluster] | Iterable[Cluster],
         unsorted: Iterable[Memory],
-        cfg: Any = None,
+        cfg: RetrievalConfig | None = None,
         ingest: IngestConfig | None = None,
     ) -> Index:
         values = clusters.values() if isinstance(clusters, Mapping) else clusters
@@ -666,8 +680,8 @@ class Index:
         return len(self._cslot_of)
 
     def cluster(self, cid: str) -> Cluster | None:
-        cs = self._cslot_of.get(cid)
-        return self._clusters[cs] if cs is not None else None
+        cslot = self._cslot_of.get(cid)
+        return self._clusters[cslot] if cslot is not None else None
 
     def memory_ids(self) -> set[str]:
         return {mid for mid, _ in self._slot_of.items()}
@@ -756,8 +770,8 @@ class Index:
     def _link_supersedes(self) -> None:
         old: list[int] = []
         newer: list[int] = []
-        for cs in self._cslot_of.values():
-            sup = self._clusters[cs].supersedes
+        for cslot in self._cslot_of.values():
+            sup = self._clusters[cslot].supersedes
             if not sup:
                 continue
             for new_mid, old_mid in sup.items():
@@ -780,7 +794,7 @@ class Index:
             self._mems[s].id: (tid[bounds[i] : bounds[i + 1]], tf[bounds[i] : bounds[i + 1]])
             for i, s in enumerate(live)
         }
-        clusters = [self._clusters[cs] for cs in self._cslot_of.values()]
+        clusters = [self._clusters[cslot] for cslot in self._cslot_of.values()]
         unsorted = [self._mems[s] for s in live if self._group[s] < 0]
         fresh = Index(self.cfg, self.ingest)
         fresh._vocab = self._vocab
@@ -1095,43 +1109,30 @@ class Index:
         q = [i for i in map(get, self._tokens(text)) if i is not None]
         if not q or not self._cslot_of or n <= 0:
             return []
-        cs = self._cluster_bm25(q)
-        order = _top(cs, n)
+        c_scores = self._cluster_bm25(q)
+        order = _top(c_scores, n)
         return [
-            (self._clusters[i].id, self._clusters[i].name, float(cs[i]))
+            (self._clusters[i].id, self._clusters[i].name, float(c_scores[i]))
             for i in order.tolist()
-            if cs[i] > 0
+            if c_scores[i] > 0
         ]
-
-    def route(self, memory: Memory) -> str | None:
-        """The cluster a new memory clearly belongs to, or None (it goes to unsorted).
-
-        Clearly: the best cluster-profile BM25 score is at least `route_min_score` and beats
-        the runner-up by `route_margin`.
-        """
-        if not self._cslot_of:
-            return None
-        cs = self._cluster_bm25(self._term_ids(memory.content))
-        if not len(cs):
-            return None
-        top = np.argsort(-cs, kind="stable")[:2]
-        best = float(cs[top[0]])
-        second = float(cs[top[1]]) if len(top) > 1 else 0.0
-        if best >= self.ingest.route_min_score and best - second >= self.ingest.route_margin:
-            return self._clusters[int(top[0])].id
-        return None
 
     # cells of the (memories x cluster slots) score matrix that route_many fills at a time
     ROUTE_CELLS = 1 << 20
 
     def route_many(self, memories: Sequence[Memory]) -> list[str | None]:
-        """`route` of each memory, in one pass for the whole batch (ingest).
+        """The cluster each new memory clearly belongs to, or None (it goes to unsorted), in
+        one pass for the whole batch (ingest, route passes).
+
+        Clearly: its best cluster-profile BM25 score is at least `route_min_score` and beats
+        the runner-up by `route_margin`.
 
         The profile scores of a chunk of memories against all cluster slots are one dense
         (memories x cluster slots) float32 matrix, and each distinct term of the chunk one
         dense row of its BM25 contributions. Pass j adds the row of every memory's j-th term
-        at once, so a cell gets the same float32 additions in the same order as `route`'s
-        score vector (plus exact zeros), and the answers are equal.
+        at once, so a cell gets the same float32 additions in the same order as the cluster
+        score vector of one memory (`_cluster_bm25`, plus exact zeros), and the answers equal
+        scoring each memory on its own (tests/test_index.py keeps that reference).
         """
         out: list[str | None] = [None] * len(memories)
         if not memories or not self._cslot_of:

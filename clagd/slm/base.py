@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from clagd.config import Config
 from clagd.errors import BackendError
 from clagd.slm.schema import schema_errors
 
@@ -83,7 +84,7 @@ def parse_json_answer(raw: str, schema: dict[str, Any], who: str) -> dict[str, A
     return data
 
 
-def select_backend(config: Any, current: Backend | None = None) -> tuple[Backend | None, str]:
+def select_backend(config: Config, current: Backend | None = None) -> tuple[Backend | None, str]:
     """Pick the backend `backend.kind` asks for; `auto` = ollama if it answers and has the
     model, else llamacpp if installed with a GGUF, else None (the lexical organizer).
 
@@ -94,7 +95,7 @@ def select_backend(config: Any, current: Backend | None = None) -> tuple[Backend
     from clagd.slm.llamacpp import LlamaCppBackend
     from clagd.slm.ollama import OllamaBackend
 
-    cfg = getattr(config, "backend", config)
+    cfg = config.backend
     kind = cfg.kind
 
     def reuse(candidate: Backend) -> Backend:

@@ -50,7 +50,7 @@ class BackendManager:
         return {
             "configured": self.config.backend.kind,
             "active": b.name if b else "none",
-            "model": getattr(b, "model", None) if b else None,
+            "model": b.model if b else None,
             "reason": self.reason,
             "checked_at": self.checked_at,
             "failures": self.failures,
