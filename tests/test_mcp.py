@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-pytest.importorskip("mcp")
+pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'clagd[mcp]')")
 
 from mcp import ClientSession  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
