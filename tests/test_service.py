@@ -125,7 +125,8 @@ def test_deny_write_execute_opt_in(tmp_path: Path) -> None:
 def test_install_service_writes_units_and_says_what_next(tmp_path: Path) -> None:
     store = tmp_path / "mem"
     dest = tmp_path / "units"
-    written, command = install_service(store, user=True, dest=dest, exe=EXE)
+    # tmp_path is under /tmp, which PrivateTmp=yes hides: force (the check has its own tests)
+    written, command = install_service(store, user=True, dest=dest, exe=EXE, force=True)
     assert written == [dest / "clagd-mem.service"]
     assert written[0].read_text() == render_unit(store, exe=EXE)["clagd-mem.service"]
     assert store.is_dir()  # ReadWritePaths= needs it
@@ -133,7 +134,7 @@ def test_install_service_writes_units_and_says_what_next(tmp_path: Path) -> None
         "systemctl --user daemon-reload && systemctl --user enable --now clagd-mem.service"
     )
     written, command = install_service(
-        store, user=False, dest=dest, socket_activation=True, exe=EXE
+        store, user=False, dest=dest, socket_activation=True, exe=EXE, force=True
     )
     assert sorted(p.name for p in written) == ["clagd-mem.service", "clagd-mem.socket"]
     assert command.endswith("sudo systemctl enable --now clagd-mem.socket")
@@ -141,7 +142,10 @@ def test_install_service_writes_units_and_says_what_next(tmp_path: Path) -> None
 
 def test_install_service_command_prints(tmp_path: Path) -> None:
     lines: list[str] = []
-    written = install_service_command(tmp_path / "m", True, tmp_path / "u", lines.append, exe=EXE)
+    written = install_service_command(
+        tmp_path / "m", True, tmp_path / "u", lines.append, exe=EXE, force=True
+    )
+    lines = [ln for ln in lines if not ln.startswith("warning: ")]  # tmp_path is under /tmp
     assert lines[0] == f"wrote {written[0]}"
     assert "systemctl --user enable --now clagd-m.service" in "\n".join(lines)
 
@@ -150,7 +154,7 @@ def test_install_service_default_destination(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
-    written, _ = install_service(tmp_path / "m", exe=EXE)
+    written, _ = install_service(tmp_path / "m", exe=EXE, force=True)
     assert written == [tmp_path / "cfg" / "systemd" / "user" / "clagd-m.service"]
 
 

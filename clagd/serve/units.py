@@ -23,6 +23,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from clagd.client import default_socket_path
@@ -30,14 +31,19 @@ from clagd.errors import ClagdError
 
 __all__ = [
     "EX_CONFIG",
+    "UNIT_PREFIX",
+    "UnitPlan",
     "default_exe",
     "install_service",
     "install_service_command",
     "render_static_units",
     "render_unit",
+    "sandbox_problems",
+    "service_unit",
     "unit_name",
 ]
 
+UNIT_PREFIX = "clagd-"  # install-service names a store's units clagd-<store folder name>
 EX_CONFIG = 78  # sysexits.h; the daemon exits with it on a bad config: no restart loop
 WATCHDOG_SEC = 60
 _UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9:_.-]+")
@@ -76,7 +82,12 @@ def _path_list_item(value: str) -> str:
 def unit_name(store: str | os.PathLike[str]) -> str:
     """`clagd-<store directory name>`: the unit name of a store's daemon."""
     base = _UNSAFE_NAME_RE.sub("-", Path(store).expanduser().resolve().name).strip("-.")
-    return f"clagd-{base or 'store'}"
+    return f"{UNIT_PREFIX}{base or 'store'}"
+
+
+def service_unit(store: str | os.PathLike[str]) -> str:
+    """The service `clagd install-service` writes for `store` (what to `systemctl start`)."""
+    return f"{unit_name(store)}.service"
 
 
 def default_exe() -> list[str]:
@@ -178,6 +189,71 @@ def _socket(*, description: str, listen: str, user: bool, socket_user: str | Non
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class UnitPlan:
+    """What a store's units are made of: decided once, then rendered and checked."""
+
+    root: Path
+    name: str
+    argv: list[str]
+    socket: Path
+    user: bool
+
+
+def plan_unit(
+    store: str | os.PathLike[str],
+    user: bool = True,
+    exe: str | Sequence[str] | None = None,
+    name: str | None = None,
+    socket_path: str | os.PathLike[str] | None = None,
+) -> UnitPlan:
+    """The store, unit name, command and socket of the units `render_unit` writes.
+
+    User units bind the store's default socket (what `clagd --store` finds on its own);
+    system units listen on `/run/clagd/<name>.sock`.
+    """
+    root = Path(store).expanduser().resolve()
+    name = name or unit_name(root)
+    argv = [exe] if isinstance(exe, str) else list(exe or default_exe())
+    if socket_path is None:
+        if user:
+            runtime = f"/run/user/{os.getuid()}"
+            env = {"XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR") or runtime}
+            socket_path = default_socket_path(root, env)
+        else:
+            socket_path = Path("/run/clagd") / f"{name.removeprefix(UNIT_PREFIX)}.sock"
+    return UnitPlan(root, name, argv, Path(socket_path), user)
+
+
+def _socket_dir_settings(plan: UnitPlan) -> tuple[list[str], str]:
+    """Settings that make the socket's folder writable in the sandbox: (RuntimeDirectory=
+    lines, an extra ReadWritePaths= item or "")."""
+    sock, sock_dir = plan.socket, plan.socket.parent
+    runtime_root = Path(
+        (os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") if plan.user else "/run"
+    )
+    if sock.is_relative_to(plan.root):
+        return [], ""  # inside the store: writable through ReadWritePaths
+    if sock_dir.is_relative_to(runtime_root) and sock_dir != runtime_root:
+        # Created before the sandbox is set up, writable inside it, and kept across restarts
+        # (a socket unit may own the socket inside it).
+        rel = str(sock_dir.relative_to(runtime_root))
+        return [
+            f"RuntimeDirectory={_path_list_item(rel)}",
+            "RuntimeDirectoryMode=0700" if plan.user else "RuntimeDirectoryMode=0750",
+            "RuntimeDirectoryPreserve=yes",
+        ], ""
+    return [], " -" + _path_list_item(str(sock_dir))
+
+
+def _state_directory(root: Path) -> list[str]:
+    """A system store under /var/lib: systemd creates it, owned by the service's user."""
+    if root.is_relative_to("/var/lib") and root != Path("/var/lib"):
+        rel = _path_list_item(str(root.relative_to("/var/lib")))
+        return [f"StateDirectory={rel}", "StateDirectoryMode=0700"]
+    return []
+
+
 def render_unit(
     store: str | os.PathLike[str],
     user: bool = True,
@@ -192,61 +268,41 @@ def render_unit(
 ) -> dict[str, str]:
     """Unit files (file name -> text) that run one daemon for `store`.
 
-    User units bind the store's default socket (what `clagd --store` finds on its own);
-    system units run as `service_user` and listen on `/run/clagd/<name>.sock` (group
-    `service_user` may connect). `exe` is the command that starts clagd (a path, or a list
-    such as `[python, "-m", "clagd"]`); default `default_exe()`.
+    System units run as `service_user` (group `service_user` may connect to the socket).
+    `exe` is the command that starts clagd (a path, or a list such as
+    `[python, "-m", "clagd"]`); default `default_exe()`. Where the socket goes: `plan_unit`.
     """
-    root = Path(store).expanduser().resolve()
-    name = name or unit_name(root)
-    argv = [exe] if isinstance(exe, str) else list(exe or default_exe())
-    if socket_path is None:
-        if user:
-            runtime = f"/run/user/{os.getuid()}"
-            env = {"XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR") or runtime}
-            socket_path = default_socket_path(root, env)
-        else:
-            socket_path = Path("/run/clagd") / f"{name.removeprefix('clagd-')}.sock"
-    sock = str(socket_path)
+    plan = plan_unit(store, user, exe, name, socket_path)
+    return _render(plan, socket_activation, service_user, deny_write_execute, watchdog_sec)
+
+
+def _render(
+    plan: UnitPlan,
+    socket_activation: bool,
+    service_user: str,
+    deny_write_execute: bool,
+    watchdog_sec: int,
+) -> dict[str, str]:
+    root, name, argv, sock = plan.root, plan.name, plan.argv, str(plan.socket)
     # systemd does not expand $ in the program path, only in the arguments
     exec_start = " ".join([_quote(argv[0], dollar=False), *(_quote(a) for a in argv[1:])])
     exec_start += " run " + _quote(str(root))
-    store_rw = _path_list_item(str(root))
-    extra: list[str] = []
-    sock_dir = str(Path(sock).parent)
-    runtime_root = (
-        (os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") if user else "/run"
-    )
-    if Path(sock).is_relative_to(root):
-        pass  # inside the store: writable through ReadWritePaths
-    elif Path(sock_dir).is_relative_to(runtime_root) and sock_dir != runtime_root:
-        # Created before the sandbox is set up, writable inside it, and kept across restarts
-        # (a socket unit may own the socket inside it).
-        rel = str(Path(sock_dir).relative_to(runtime_root))
-        extra += [
-            f"RuntimeDirectory={_path_list_item(rel)}",
-            "RuntimeDirectoryMode=0700" if user else "RuntimeDirectoryMode=0750",
-            "RuntimeDirectoryPreserve=yes",
-        ]
-    else:
-        store_rw += " -" + _path_list_item(sock_dir)
-    if not user:
+    extra, more_rw = _socket_dir_settings(plan)
+    if not plan.user:
         extra = [f"User={service_user}", f"Group={service_user}", *extra]
-        if root.is_relative_to("/var/lib") and root != Path("/var/lib"):
-            extra.append(f"StateDirectory={_path_list_item(str(root.relative_to('/var/lib')))}")
-            extra.append("StateDirectoryMode=0700")
+        extra += _state_directory(root)
     in_home = root.is_relative_to("/home") or root.is_relative_to("/root")
-    where = "user" if user else "system"
+    where = "user" if plan.user else "system"
     units = {
         f"{name}.service": _service(
             description=f"clagd memory daemon for {_escape(str(root))} ({where})",
             exec_start=exec_start,
-            store=store_rw,
+            store=_path_list_item(str(root)) + more_rw,
             socket_env=_quote("CLAGD_SOCKET=" + sock, dollar=False),
-            user=user,
+            user=plan.user,
             socket_unit=f"{name}.socket" if socket_activation else None,
             extra_service=extra,
-            protect_home="read-only" if (user or in_home) else "yes",
+            protect_home="read-only" if (plan.user or in_home) else "yes",
             deny_write_execute=deny_write_execute,
             watchdog_sec=watchdog_sec,
         )
@@ -255,10 +311,56 @@ def render_unit(
         units[f"{name}.socket"] = _socket(
             description=f"clagd socket for {_escape(str(root))}",
             listen=_escape(sock),  # the rest of the line is the path: no quoting
-            user=user,
-            socket_user=None if user else service_user,
+            user=plan.user,
+            socket_user=None if plan.user else service_user,
         )
     return units
+
+
+# --------------------------------------------------------------------------- sandbox check
+
+# Folders a setting hides from the service, and the value that would show them again.
+_HIDDEN_BY = (
+    ("PrivateTmp", ("yes", "true", "on", "1"), ("/tmp", "/var/tmp"), "PrivateTmp=no"),
+    (
+        "ProtectHome",
+        ("yes", "true", "on", "1", "tmpfs"),
+        ("/home", "/root", "/run/user"),
+        "ProtectHome=read-only",
+    ),
+)
+
+
+def _setting(unit_text: str, key: str) -> str:
+    values = [
+        line.partition("=")[2].strip()
+        for line in unit_text.splitlines()
+        if line.startswith(f"{key}=")
+    ]
+    return values[-1] if values else ""
+
+
+def sandbox_problems(plan: UnitPlan, service_text: str) -> list[str]:
+    """Paths the service needs (its executable, the store, the socket's folder) that its own
+    sandboxing hides: such a unit cannot start, or serves a socket no client sees. One line
+    per problem, naming the setting to change."""
+    needed = [("the clagd executable", Path(plan.argv[0]))]
+    needed += [("the store", plan.root), ("the socket", plan.socket)]
+    problems = []
+    for key, on, hidden, fix in _HIDDEN_BY:
+        if _setting(service_text, key).lower() not in on:
+            continue
+        for what, path in needed:
+            for p in dict.fromkeys([path, path.resolve()]):
+                top = next((h for h in hidden if p.is_relative_to(h)), None)
+                if top is not None:
+                    problems.append(
+                        f"{what} {p} is under {top}, which {key}="
+                        f"{_setting(service_text, key)} hides from the service: move it, "
+                        f"or change {key}= in the unit ({fix})"
+                    )
+                    break
+    return problems
 
 
 def render_static_units(
@@ -342,14 +444,29 @@ def install_service(
     socket_activation: bool = False,
     exe: str | Sequence[str] | None = None,
     name: str | None = None,
+    force: bool = False,
+    warn: Callable[[str], object] | None = None,
 ) -> tuple[list[Path], str]:
     """Write the units for `store`; return (files written, the command to run next).
 
-    The store directory is created when missing (an empty directory: `clagd run` fills it)
-    because the sandbox needs `ReadWritePaths=` to exist.
+    Refuses (`ClagdError`, code `sandbox`) when the unit's own sandboxing would hide the
+    executable, the store or the socket from the service (a unit that cannot start); with
+    `force` it writes them anyway and passes each problem to `warn`. The store directory is
+    created when missing (an empty directory: `clagd run` fills it) because the sandbox needs
+    `ReadWritePaths=` to exist.
     """
-    root = Path(store).expanduser().resolve()
-    units = render_unit(root, user=user, socket_activation=socket_activation, exe=exe, name=name)
+    plan = plan_unit(store, user, exe, name)
+    root = plan.root
+    units = _render(plan, socket_activation, "clagd", False, WATCHDOG_SEC)
+    problems = sandbox_problems(plan, units[f"{plan.name}.service"])
+    if problems and not force:
+        raise ClagdError(
+            "the unit could not start: " + "; ".join(problems) + " (--force writes it anyway)",
+            "sandbox",
+        )
+    for problem in problems:
+        if warn is not None:
+            warn(f"warning: {problem}")
     target = (
         Path(dest)
         if dest is not None
@@ -385,10 +502,18 @@ def install_service_command(
     socket_activation: bool = False,
     exe: str | Sequence[str] | None = None,
     name: str | None = None,
+    force: bool = False,
 ) -> list[Path]:
     """What `clagd install-service` does: write the units, then print what to run next."""
     written, command = install_service(
-        store, user=user, dest=dest, socket_activation=socket_activation, exe=exe, name=name
+        store,
+        user=user,
+        dest=dest,
+        socket_activation=socket_activation,
+        exe=exe,
+        name=name,
+        force=force,
+        warn=print_fn,
     )
     for path in written:
         print_fn(f"wrote {path}")
