@@ -11,16 +11,20 @@ Needs the official SDK: `pip install 'clagd[mcp]'`.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
+from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 
-from clagd.client import Client, ClientError, DaemonNotRunning, find_socket_path
+from clagd import __version__
+from clagd.client import Client, ClientError, DaemonNotRunning, QueryResult, find_socket_path
+from clagd.serve.units import UNIT_PREFIX, service_unit
 
 try:  # mcp >= 2
     from mcp.server.mcpserver import MCPServer as _MCPServer
@@ -47,102 +51,201 @@ def _annotations(title: str, **hints: bool) -> ToolAnnotations:
     return ToolAnnotations.model_validate({"title": title, "openWorldHint": False, **hints})
 
 
-def build_server(socket_path: str | os.PathLike[str], timeout: float = 60.0) -> Any:
-    """The MCP server object with clagd's tools, talking to the daemon at `socket_path`."""
-    client = Client(socket_path, timeout=timeout)
-    server = _MCPServer("clagd", instructions=INSTRUCTIONS)
+class RecalledMemory(TypedDict):
+    id: str
+    content: str
+    cluster_id: str | None
+    cluster_name: str
+    score: float
+    created_at: str | None
+    metadata: dict[str, Any]
 
-    async def forward(fn: Callable[[], T]) -> T:
+
+class RecalledCluster(TypedDict):
+    id: str
+    name: str
+    score: float
+
+
+class RecallOutput(TypedDict):
+    """`recall`'s structured content (its output schema): the memories, the clusters they
+    came from, the formatted context block and its estimated size in tokens."""
+
+    memories: list[RecalledMemory]
+    clusters: list[RecalledCluster]
+    context: str
+    tokens: int
+
+
+def store_of_socket(socket_path: str | os.PathLike[str]) -> Path | None:
+    """The store whose default socket this is (`<store>/.clagd/clagd.sock`), else None."""
+    p = Path(socket_path)
+    return p.parent.parent if p.parent.name == ".clagd" else None
+
+
+def not_running_message(socket_path: str | os.PathLike[str], store: Path | None) -> str:
+    """What an agent (and its user) should read when the daemon is down: where clagd was
+    looked for and the two real ways to start it, said once."""
+    why = "connection refused" if Path(socket_path).exists() else "no socket file"
+    store = store or store_of_socket(socket_path)
+    if store is not None:
+        run, unit = f"clagd run {store}", service_unit(store)
+    else:
+        run, unit = "clagd run <store>", f"{UNIT_PREFIX}<store folder name>.service"
+    return (
+        f"the clagd memory daemon is not running at {socket_path} ({why}). Start it with "
+        f"`{run}`, or, when `clagd install-service` set it up, `systemctl --user start {unit}`; "
+        "then retry."
+    )
+
+
+def _tool(server: Any, fn: Callable[..., Any], annotations: ToolAnnotations) -> None:
+    """Register `fn` as a tool whose description is its docstring as clean text."""
+    description = inspect.cleandoc(fn.__doc__ or "")
+    server.tool(description=description, annotations=annotations)(fn)
+
+
+class _Tools:
+    """The five tools, each forwarding one call to the daemon through `client`."""
+
+    def __init__(self, client: Client, store: Path | None) -> None:
+        self.client, self.store = client, store
+
+    async def forward(self, fn: Callable[[], T]) -> T:
         try:
             return await anyio.to_thread.run_sync(fn)
-        except DaemonNotRunning as exc:
-            raise ToolError(
-                f"the clagd memory daemon is not running ({exc}). Start it with "
-                f"`clagd run <store>` or `systemctl --user start clagd`, then retry."
-            ) from None
+        except DaemonNotRunning:
+            raise ToolError(not_running_message(self.client.socket_path, self.store)) from None
         except ClientError as exc:
             raise ToolError(f"clagd error [{exc.code}]: {exc.message}") from None
 
-    @server.tool(
-        annotations=_annotations(
-            "Remember", readOnlyHint=False, destructiveHint=False, idempotentHint=True
+    def register(self, server: Any) -> None:
+        _tool(
+            server,
+            self.remember_tool(),
+            _annotations(
+                "Remember", readOnlyHint=False, destructiveHint=False, idempotentHint=True
+            ),
         )
+        _tool(
+            server,
+            self.recall_tool(),
+            _annotations("Recall", readOnlyHint=True, destructiveHint=False),
+        )
+        _tool(server, self.clusters_tool(), _annotations("List clusters", readOnlyHint=True))
+        _tool(server, self.history_tool(), _annotations("Memory history", readOnlyHint=True))
+        _tool(
+            server,
+            self.revert_tool(),
+            _annotations(
+                "Revert a change", readOnlyHint=False, destructiveHint=True, idempotentHint=False
+            ),
+        )
+
+    def remember_tool(self) -> Callable[..., Any]:
+        async def remember(
+            content: str, metadata: dict[str, Any] | None = None, created_at: str | None = None
+        ) -> dict[str, Any]:
+            """Store one memory: a self-contained statement (a fact, a preference, an outcome).
+
+            `metadata` is a free mapping (for example task_type, importance 1-5, source);
+            `created_at` an ISO 8601 time when the memory is older than now. Storing the same
+            content twice keeps one copy.
+            """
+            return await self.forward(lambda: self.client.add(content, metadata, created_at))
+
+        return remember
+
+    def recall_tool(self) -> Callable[..., Any]:
+        async def recall(
+            query: str,
+            max_memories: int | None = None,
+            token_budget: int | None = None,
+            include_archive: bool = False,
+        ) -> Annotated[CallToolResult, RecallOutput]:
+            """Find the memories relevant to `query`, grouped by topic cluster.
+
+            Returns a ready-to-use context block (first text item) and the memories with their
+            ids, clusters and scores (second item, JSON; also the structured content).
+            `include_archive` also searches clusters moved to the archive for being unused.
+            """
+            res = await self.forward(
+                lambda: self.client.query(query, max_memories, token_budget, include_archive)
+            )
+            return recall_result(res)
+
+        return recall
+
+    def clusters_tool(self) -> Callable[..., Any]:
+        async def list_clusters(include_archive: bool = False) -> dict[str, Any]:
+            """The topic clusters memory is organized in: id, name, description, size."""
+            result = await self.forward(lambda: self.client.clusters(include_archive))
+            return result if isinstance(result, dict) else {"clusters": result}
+
+        return list_clusters
+
+    def history_tool(self) -> Callable[..., Any]:
+        async def memory_history(n: int = 20) -> dict[str, Any]:
+            """The last `n` changes to memory (git commits): what was added, reorganized,
+            archived or reverted, with the commit id `revert` takes."""
+            result = await self.forward(lambda: self.client.log(n))
+            return result if isinstance(result, dict) else {"commits": result}
+
+        return memory_history
+
+    def revert_tool(self) -> Callable[..., Any]:
+        async def revert(ref: str) -> dict[str, Any]:
+            """Undo one change to memory by its commit id (from `memory_history`). The undo is
+            itself a new commit, so it can be reverted in turn."""
+            return await self.forward(lambda: self.client.revert(ref))
+
+        return revert
+
+
+def recall_result(res: QueryResult) -> CallToolResult:
+    """The context block first (what a model reads), then the details as JSON text, and the
+    same details as structured content for clients that read `structuredContent`."""
+    data = res.to_dict()
+    context = res.context or "(no relevant memories)"
+    detail = json.dumps(
+        {"memories": data["memories"], "clusters": data["clusters"], "tokens": res.tokens},
+        ensure_ascii=False,
     )
-    async def remember(
-        content: str, metadata: dict[str, Any] | None = None, created_at: str | None = None
-    ) -> dict[str, Any]:
-        """Store one memory: a self-contained statement (a fact, a preference, an outcome).
-
-        `metadata` is a free mapping (for example task_type, importance 1-5, source);
-        `created_at` an ISO 8601 time when the memory is older than now. Storing the same
-        content twice keeps one copy.
-        """
-        result = await forward(lambda: client.add(content, metadata, created_at))
-        return result if isinstance(result, dict) else {"result": result}
-
-    @server.tool(annotations=_annotations("Recall", readOnlyHint=True, destructiveHint=False))
-    async def recall(
-        query: str,
-        max_memories: int | None = None,
-        token_budget: int | None = None,
-        include_archive: bool = False,
-    ) -> CallToolResult:
-        """Find the memories relevant to `query`, grouped by topic cluster.
-
-        Returns a ready-to-use context block (first text item) and the memories with their
-        ids, clusters and scores (second item, JSON). `include_archive` also searches
-        clusters moved to the archive for being unused.
-        """
-        res = await forward(
-            lambda: client.query(query, max_memories, token_budget, include_archive)
-        )
-        data = res.to_dict()
-        context = res.context or "(no relevant memories)"
-        detail = json.dumps(
-            {"memories": data["memories"], "clusters": data["clusters"], "tokens": res.tokens},
-            ensure_ascii=False,
-        )
-        return CallToolResult.model_validate(
-            {
-                "content": [
-                    TextContent(type="text", text=context),
-                    TextContent(type="text", text=detail),
-                ],
-                "structuredContent": data,
-            }
-        )
-
-    @server.tool(annotations=_annotations("List clusters", readOnlyHint=True))
-    async def list_clusters(include_archive: bool = False) -> dict[str, Any]:
-        """The topic clusters memory is organized in: id, name, description, size."""
-        result = await forward(lambda: client.clusters(include_archive))
-        return result if isinstance(result, dict) else {"clusters": result}
-
-    @server.tool(annotations=_annotations("Memory history", readOnlyHint=True))
-    async def memory_history(n: int = 20) -> dict[str, Any]:
-        """The last `n` changes to memory (git commits): what was added, reorganized,
-        archived or reverted, with the commit id `revert` takes."""
-        result = await forward(lambda: client.log(n))
-        return result if isinstance(result, dict) else {"commits": result}
-
-    @server.tool(
-        annotations=_annotations(
-            "Revert a change", readOnlyHint=False, destructiveHint=True, idempotentHint=False
-        )
+    return CallToolResult.model_validate(
+        {
+            "content": [
+                TextContent(type="text", text=context),
+                TextContent(type="text", text=detail),
+            ],
+            "structuredContent": data,
+        }
     )
-    async def revert(ref: str) -> dict[str, Any]:
-        """Undo one change to memory by its commit id (from `memory_history`). The undo is
-        itself a new commit, so it can be reverted in turn."""
-        result = await forward(lambda: client.revert(ref))
-        return result if isinstance(result, dict) else {"result": result}
 
+
+def build_server(
+    socket_path: str | os.PathLike[str],
+    timeout: float = 60.0,
+    store: str | os.PathLike[str] | None = None,
+) -> Any:
+    """The MCP server object with clagd's tools, talking to the daemon at `socket_path`
+    (`store`, when known, is named in the "not running" message)."""
+    client = Client(socket_path, timeout=timeout)
+    try:  # serverInfo.version: this package's version (mcp 1.x has no such argument)
+        server = _MCPServer("clagd", instructions=INSTRUCTIONS, version=__version__)
+    except TypeError:  # pragma: no cover - mcp 1.x
+        server = _MCPServer("clagd", instructions=INSTRUCTIONS)
+    _Tools(client, Path(store) if store is not None else None).register(server)
     server.clagd_client = client  # type: ignore[attr-defined]
     return server
 
 
-def run_mcp(socket_path: str | os.PathLike[str], timeout: float = 60.0) -> None:
+def run_mcp(
+    socket_path: str | os.PathLike[str],
+    timeout: float = 60.0,
+    store: str | os.PathLike[str] | None = None,
+) -> None:
     """Serve MCP over stdin/stdout until the client disconnects."""
-    server = build_server(socket_path, timeout=timeout)
+    server = build_server(socket_path, timeout=timeout, store=store)
     try:
         server.run("stdio")
     finally:
@@ -166,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", help="store whose daemon to use (default: $CLAGD_STORE, or .)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per daemon request")
     args = parser.parse_args(argv)
-    run_mcp(_socket_from(args), timeout=args.timeout)
+    run_mcp(_socket_from(args), timeout=args.timeout, store=args.store)
     return 0
 
 
