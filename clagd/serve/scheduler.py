@@ -4,6 +4,11 @@ and housekeeping (outside edits, access statistics).
 Sessions run on a one-thread executor, so there is one at a time; triggers coalesce (a
 burst of "20 new memories" triggers becomes one session) and no misfire is dropped, however
 busy the daemon is.
+
+While the writer is busy (a bulk import, a long session) a periodic job can still be running
+when its next run is due; APScheduler then skips that run and logs a WARNING. That is the
+intended behaviour (one instance at a time, the next run comes soon), not a fault, so those
+records are logged again at DEBUG on `clagd.scheduler` instead: normal work logs no warnings.
 """
 
 from __future__ import annotations
@@ -16,6 +21,31 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 log = logging.getLogger("clagd.scheduler")
+
+# APScheduler's messages for runs it skipped or found late (a job still running, a busy
+# process): expected here, and logged at DEBUG instead of WARNING.
+_EXPECTED = ("skipped: maximum number of running instances reached", "was missed by")
+_APSCHEDULER_LOGGERS = ("apscheduler.scheduler", "apscheduler.executors")
+
+
+class _ExpectedSkips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and any(s in str(record.msg) for s in _EXPECTED):
+            log.debug("%s", record.getMessage())
+            return False
+        return True
+
+
+_EXPECTED_SKIPS = _ExpectedSkips()
+
+
+def _quiet_expected_skips(executor_aliases: tuple[str, ...]) -> None:
+    """Filters sit on a logger, not its children: one on each logger APScheduler uses."""
+    names = [_APSCHEDULER_LOGGERS[0]] + [f"{_APSCHEDULER_LOGGERS[1]}.{a}" for a in executor_aliases]
+    for name in names:
+        logger = logging.getLogger(name)
+        if _EXPECTED_SKIPS not in logger.filters:
+            logger.addFilter(_EXPECTED_SKIPS)
 
 
 class Scheduler:
@@ -31,6 +61,7 @@ class Scheduler:
         backend_seconds: float,
     ) -> None:
         self._session = session
+        _quiet_expected_skips(("default", "session"))
         self.sched = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(2), "session": ThreadPoolExecutor(1)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
