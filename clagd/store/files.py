@@ -107,9 +107,11 @@ def is_store(path: Path) -> bool:
     return (Path(path) / "clagd.yaml").is_file() and (Path(path) / ".git").exists()
 
 
-def copy_template(dest: Path) -> None:
-    """Copy store_template/ into dest without overwriting anything already there."""
+def copy_template(dest: Path) -> list[Path]:
+    """Copy store_template/ into dest without overwriting anything already there; return the
+    files it created."""
     src = template_dir()
+    created: list[Path] = []
     for item in src.rglob("*"):
         rel = item.relative_to(src)
         if rel.parts[0] == "__pycache__" or item.name in ("__init__.py",):
@@ -120,6 +122,8 @@ def copy_template(dest: Path) -> None:
         elif not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(item, target)
+            created.append(target)
+    return created
 
 
 @dataclass
@@ -345,25 +349,37 @@ def write_shard(paths: Paths, name: str, mems: list[Memory], fsync: bool = True)
     return path
 
 
-def init_store(root: Path) -> tuple[Path, bool]:
-    """Create a store from store_template/ (keeping anything already there), `git init`,
-    first commit. Returns (path, created)."""
+def init_store(root: Path, force: bool = False) -> tuple[Path, bool]:
+    """Create a store from store_template/, `git init`, first commit. Returns (path, created).
+
+    A folder that holds something but no store is refused (StoreError) unless `force`: a
+    mistyped path must not turn someone's folder into a store. Even then the files already
+    there are left alone and out of the init commit, which holds only what init created."""
     from clagd.store.gitrepo import GitStore
 
     root = Path(root).expanduser().resolve()
     if is_store(root):
         Paths(root).ensure_dirs()
         return root, False
+    if root.is_dir() and any(root.iterdir()) and not force:
+        raise StoreError(
+            f"{root} is not empty and not a clagd store (no clagd.yaml and .git): choose an "
+            "empty or new folder, or use --force to make a store here (files already there "
+            "are kept and not committed)",
+            "not_empty",
+        )
     root.mkdir(parents=True, exist_ok=True)
-    copy_template(root)
+    created = copy_template(root)
     paths = Paths(root)
     paths.ensure_dirs()
     for d in (paths.clusters, paths.archive, paths.unsorted):
         keep = d / ".gitkeep"
         if not any(d.iterdir()):
             keep.touch()
+            created.append(keep)
     git = GitStore(root)
     git.init()
     if git.head() is None:
-        git.commit(["."], "init: new clagd store", "", {"kind": "init"})
+        mine = [str(p.relative_to(root)) for p in created]
+        git.commit(mine, "init: new clagd store", "", {"kind": "init"})
     return root, True
