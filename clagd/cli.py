@@ -16,6 +16,31 @@ import click
 from clagd import __version__
 from clagd.client import Client, find_socket_path
 from clagd.errors import ClagdError
+from clagd.serve.units import EX_CONFIG
+
+# Exit statuses (`clagd --help` lists them): scripts tell "start the daemon" apart from
+# "fix the command line" (click's own usage errors exit with 2) and from other failures.
+EXIT_ERROR = 1  # the daemon answered with an error, or a command failed
+EXIT_USAGE = 2  # bad options or arguments, or a --store that is not a store
+EXIT_NOT_RUNNING = 69  # sysexits.h EX_UNAVAILABLE: no daemon serves the store
+EXIT_BAD_CONFIG = EX_CONFIG  # 78: `clagd run` found a bad clagd.yaml (the unit's
+# RestartPreventExitStatus=, so systemd does not restart a daemon that cannot start)
+_EXIT_BY_CODE = {"not_running": EXIT_NOT_RUNNING, "not_a_store": EXIT_USAGE}
+
+EPILOG = f"""\b
+Exit status:
+  0   success
+  {EXIT_ERROR}   an error (one line on stderr): the daemon refused, a file was rejected, ...
+  {EXIT_USAGE}   usage: bad options or arguments, or --store is not a clagd store
+  {EXIT_NOT_RUNNING}  no daemon serves the store: start it with `clagd run PATH`
+  {EXIT_BAD_CONFIG}  `clagd run`: the store's clagd.yaml is invalid (systemd does not restart)
+"""
+
+
+class NotAStore(ClagdError):
+    """The folder a client command was pointed at holds no clagd store."""
+
+    code = "not_a_store"
 
 
 class Ctx:
@@ -38,7 +63,20 @@ class Ctx:
         return find_socket_path(self.store)
 
     def client(self, timeout: float | None = 30.0) -> Client:
+        if not self.socket:
+            self.require_store()
         return Client(self.socket_path(), timeout=timeout)
+
+    def require_store(self) -> None:
+        """A mistyped --store says so, rather than "no daemon running"."""
+        if (self.store / "clagd.yaml").is_file():
+            return
+        path = click.format_filename(str(self.store))
+        if self.store.is_dir() and any(self.store.iterdir()):
+            hint = f"check the path, or make one there: clagd init --force {path}"
+        else:
+            hint = f"clagd init {path} (or clagd run {path}, which creates it and serves it)"
+        raise NotAStore(f"{path} is not a clagd store (no clagd.yaml): {hint}")
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -57,10 +95,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except ClagdError as exc:
             click.echo(f"clagd: {exc}", err=True)
-            sys.exit(2 if exc.code in ("not_running",) else 1)
+            sys.exit(_EXIT_BY_CODE.get(exc.code or "", EXIT_ERROR))
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, epilog=EPILOG)
 @click.version_option(__version__, prog_name="clagd")
 @click.option(
     "--store",
@@ -82,33 +120,42 @@ def main(ctx: click.Context, store: str | None, socket: str | None) -> None:
 
 @main.command()
 @click.argument("path", required=False, type=click.Path(file_okay=False))
+@click.option(
+    "--force", is_flag=True, help="make a store in a non-empty folder (its files stay uncommitted)"
+)
 @pass_ctx
-def init(c: Ctx, path: str | None) -> None:
-    """Create a store (from store_template/) with its git repository."""
+def init(c: Ctx, path: str | None, force: bool) -> None:
+    """Create a store (from store_template/) with its git repository.
+
+    A folder that already holds files but no store is refused unless --force."""
     from clagd.store.files import init_store
 
-    root, created = init_store(Path(path) if path else c.store)
+    root, created = init_store(Path(path) if path else c.store, force=force)
     click.echo(f"{'created' if created else 'already a store:'} {root}")
 
 
 @main.command()
 @click.argument("path", required=False, type=click.Path(file_okay=False))
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
 @pass_ctx
 def run(c: Ctx, path: str | None, log_level: str) -> None:
     """Run the daemon over a store (created when missing)."""
     from clagd.errors import ConfigError
     from clagd.serve.daemon import Daemon
     from clagd.serve.logs import setup_logging
-    from clagd.serve.units import EX_CONFIG
 
-    setup_logging(log_level)
+    setup_logging(log_level.upper())
     try:
         d = Daemon(Path(path) if path else c.store, Path(c.socket) if c.socket else None)
     except ConfigError as exc:
         # a distinct status, so that systemd does not restart a daemon that cannot start
         click.echo(f"clagd: {exc}", err=True)
-        sys.exit(EX_CONFIG)
+        sys.exit(EXIT_BAD_CONFIG)
     sys.exit(d.run())
 
 
@@ -165,26 +212,40 @@ class Progress:
             click.echo("", err=True)
 
 
-@main.command(name="import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--batch", default=500, show_default=True, help="memories per commit")
-@click.option("--json", "as_json", is_flag=True)
-@pass_ctx
-def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> None:
-    """Bulk import memory files (the inbox formats; folders are walked) with progress."""
-    from clagd.errors import InboxRejected
-    from clagd.ingest.inbox import SUFFIXES, ignored_name, read_file
+def _import_files(paths: tuple[str, ...]) -> tuple[list[Path], dict[str, str]]:
+    """The files to import (folders walked, sorted) and every file passed over, with why:
+    nothing in PATHS is left out without a word."""
+    from clagd.ingest.inbox import SUFFIXES, ignored_name
 
-    files = []
+    files: list[Path] = []
+    skipped: dict[str, str] = {}
+    kinds = " ".join(sorted(SUFFIXES))
     for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file() and f.suffix.lower() in SUFFIXES and not ignored_name(f.name)
-            )
-        else:
-            files.append(p)
+        if not p.is_dir():
+            files.append(p)  # named explicitly: read it, and reject it with the reason
+            continue
+        for f in sorted(p.rglob("*")):
+            rel = f.relative_to(p)
+            if any(part.startswith(".") for part in rel.parts[:-1]):
+                continue  # inside a hidden folder (.git/ ...): reported once, below
+            if f.is_dir():
+                if f.name.startswith("."):
+                    skipped[f"{f}/"] = "hidden folder"
+            elif not f.is_file():
+                skipped[str(f)] = "not a regular file"
+            elif ignored_name(f.name):
+                skipped[str(f)] = "hidden or temporary name (as in the inbox)"
+            elif f.suffix.lower() not in SUFFIXES:
+                skipped[str(f)] = f"unknown suffix {f.suffix or '(none)'} (not {kinds})"
+            else:
+                files.append(f)
+    return files, skipped
+
+
+def _read_items(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    from clagd.errors import InboxRejected
+    from clagd.ingest.inbox import read_file
+
     items: list[dict[str, Any]] = []
     rejected: dict[str, str] = {}
     for f in files:
@@ -194,8 +255,26 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
                 if it.created_at:
                     d["created_at"] = it.created_at
                 items.append(d)
-        except (InboxRejected, OSError) as exc:
+        except InboxRejected as exc:
             rejected[str(f)] = str(exc)
+        except OSError as exc:
+            rejected[str(f)] = f"unreadable: {exc.strerror or exc}"
+    return items, rejected
+
+
+@main.command(name="import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--batch", default=500, show_default=True, help="memories per commit")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> None:
+    """Bulk import memory files (the inbox formats; folders are walked) with progress.
+
+    Every file left out is listed with the reason: skipped (unknown suffix, hidden or
+    temporary name) or rejected (unreadable, invalid); a rejected file makes the exit
+    status 1."""
+    files, skipped = _import_files(paths)
+    items, rejected = _read_items(files)
     added = dupes = 0
     prog = Progress("importing", len(items))
     with c.client(timeout=None) as cl:
@@ -212,12 +291,14 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
         "added": added,
         "duplicates": dupes,
         "rejected": rejected,
+        "skipped": skipped,
     }
     text = f"imported {added} new memories from {len(files)} file(s) ({dupes} already stored)"
+    text += "".join(f"\nskipped {k}: {v}" for k, v in skipped.items())
     text += "".join(f"\nrejected {k}: {v}" for k, v in rejected.items())
     _emit(out, as_json, text)
     if rejected:
-        sys.exit(1)
+        sys.exit(EXIT_ERROR)
 
 
 @main.command()
@@ -411,12 +492,22 @@ def export(c: Ctx, dest: str, fmt: str, as_json: bool) -> None:
 @click.option("--user/--system", "user", default=True, show_default=True)
 @click.option("--socket-activation", is_flag=True, help="also write a .socket unit and enable that")
 @click.option("--dest", type=click.Path(file_okay=False), help="write units here instead")
+@click.option(
+    "--force", is_flag=True, help="write the units even when their sandbox hides a needed path"
+)
 @pass_ctx
-def install_service(c: Ctx, user: bool, socket_activation: bool, dest: str | None) -> None:
-    """Write systemd units for the store and print the command that enables them."""
+def install_service(
+    c: Ctx, user: bool, socket_activation: bool, dest: str | None, force: bool
+) -> None:
+    """Write systemd units for the store and print the command that enables them.
+
+    Refuses when the unit's sandboxing (PrivateTmp=, ProtectHome=) would hide the clagd
+    executable, the store or the socket from the service, and names the setting."""
     from clagd.serve.units import install_service_command
 
-    install_service_command(c.store, user, dest, click.echo, socket_activation=socket_activation)
+    install_service_command(
+        c.store, user, dest, click.echo, socket_activation=socket_activation, force=force
+    )
 
 
 @main.command()
@@ -429,7 +520,7 @@ def mcp(c: Ctx) -> None:
         raise click.ClickException(
             "the MCP server needs the official SDK: pip install 'clagd[mcp]'"
         ) from None
-    run_mcp(c.socket_path())
+    run_mcp(c.socket_path(), store=c.store)
 
 
 if __name__ == "__main__":  # python -m clagd.cli
