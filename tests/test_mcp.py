@@ -199,3 +199,77 @@ def test_bad_arguments_are_tool_errors(tmp_path: Path) -> None:
 
         result = run_session(Path(short) / "x.sock", tmp_path / "mcp.err", body)
     assert result.is_error
+
+
+def run_session_info(params: StdioServerParameters, errlog: Path, body: Any) -> tuple[Any, Any]:
+    """Like run_session, for any server parameters; also returns the initialize result."""
+
+    async def main() -> tuple[Any, Any]:
+        with open(errlog, "w") as err:
+            async with (
+                stdio_client(params, errlog=err) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                init = await session.initialize()
+                with anyio.fail_after(60):
+                    return init, await body(session)
+
+    return anyio.run(main)
+
+
+def test_server_info_descriptions_and_output_schemas(tmp_path: Path) -> None:
+    import inspect
+
+    from clagd import __version__
+
+    with tempfile.TemporaryDirectory(prefix="clagd-m-") as short:
+
+        async def body(s: ClientSession) -> Any:
+            return (await s.list_tools()).tools
+
+        init, tools = run_session_info(_params(Path(short) / "x.sock"), tmp_path / "e", body)
+    assert init.server_info.name == "clagd"
+    assert init.server_info.version == __version__
+    assert len(tools) == 5
+    for tool in tools:
+        desc = tool.description or ""
+        assert desc and desc == inspect.cleandoc(desc), tool.name
+        assert not any(line.startswith(" ") for line in desc.splitlines()), tool.name
+        assert tool.output_schema is not None, f"{tool.name} has no output schema"
+        assert tool.output_schema.get("type") == "object", tool.name
+    recall = next(t for t in tools if t.name == "recall")
+    props = recall.output_schema["properties"]
+    assert set(props) == {"memories", "clusters", "context", "tokens"}
+    assert set(recall.output_schema["required"]) == set(props)
+    memory_schema = props["memories"]["items"]
+    if "$ref" in memory_schema:  # the memory's schema is a definition
+        name = memory_schema["$ref"].rsplit("/", 1)[1]
+        memory_schema = recall.output_schema["$defs"][name]
+    assert {"id", "content", "cluster_id", "score"} <= set(memory_schema["properties"])
+
+
+def test_stopped_daemon_message_names_the_installed_unit_once(tmp_path: Path) -> None:
+    from clagd.serve.units import install_service
+
+    store = tmp_path / "agent-memory"
+    # the unit install-service writes for this store: its name is what the message must say
+    written, _ = install_service(store, dest=tmp_path / "units", exe="/usr/bin/clagd", force=True)
+    unit = written[0].name
+    assert unit == "clagd-agent-memory.service"
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "clagd", "--store", str(store), "mcp"],
+        env={"PYTHONPATH": str(REPO)},
+        cwd=str(REPO),
+    )
+
+    async def body(s: ClientSession) -> Any:
+        return await s.call_tool("recall", {"query": "anything"})
+
+    _, result = run_session_info(params, tmp_path / "mcp.err", body)
+    assert result.is_error
+    message = text_of(result)
+    assert f"systemctl --user start {unit}" in message
+    assert f"clagd run {store}" in message
+    assert message.count("clagd run") == 1 and message.lower().count("start it") == 1
+    assert "systemctl --user start clagd " not in message + " "  # no unit by a made-up name
