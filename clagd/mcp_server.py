@@ -24,7 +24,7 @@ from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 
 from clagd import __version__
 from clagd.client import Client, ClientError, DaemonNotRunning, QueryResult, find_socket_path
-from clagd.serve.units import UNIT_PREFIX, service_unit
+from clagd.serve.units import SYSTEM_SOCKET_DIR, UNIT_PREFIX, service_unit
 
 try:  # mcp >= 2
     from mcp.server.mcpserver import MCPServer as _MCPServer
@@ -86,15 +86,18 @@ def store_of_socket(socket_path: str | os.PathLike[str]) -> Path | None:
 def not_running_message(socket_path: str | os.PathLike[str], store: Path | None) -> str:
     """What an agent (and its user) should read when the daemon is down: where clagd was
     looked for and the two real ways to start it, said once."""
-    why = "connection refused" if Path(socket_path).exists() else "no socket file"
-    store = store or store_of_socket(socket_path)
+    sock = Path(socket_path)
+    why = "connection refused" if sock.exists() else "no socket file"
+    store = store or store_of_socket(sock)
+    run, unit = "clagd run <store>", f"{UNIT_PREFIX}<store folder name>.service"
+    ctl = "systemctl --user"
     if store is not None:
         run, unit = f"clagd run {store}", service_unit(store)
-    else:
-        run, unit = "clagd run <store>", f"{UNIT_PREFIX}<store folder name>.service"
+    if sock.parent == SYSTEM_SOCKET_DIR:  # a system unit's socket: /run/clagd/<name>.sock
+        unit, ctl = f"{UNIT_PREFIX}{sock.stem}.service", "sudo systemctl"
     return (
-        f"the clagd memory daemon is not running at {socket_path} ({why}). Start it with "
-        f"`{run}`, or, when `clagd install-service` set it up, `systemctl --user start {unit}`; "
+        f"the clagd memory daemon is not running at {sock} ({why}). Start it with "
+        f"`{run}`, or, when `clagd install-service` set it up, `{ctl} start {unit}`; "
         "then retry."
     )
 

@@ -273,3 +273,24 @@ def test_stopped_daemon_message_names_the_installed_unit_once(tmp_path: Path) ->
     assert f"clagd run {store}" in message
     assert message.count("clagd run") == 1 and message.lower().count("start it") == 1
     assert "systemctl --user start clagd " not in message + " "  # no unit by a made-up name
+
+
+def test_not_running_message_for_each_kind_of_socket(tmp_path: Path) -> None:
+    from clagd.mcp_server import not_running_message
+    from clagd.serve.units import render_unit
+
+    # a store's default socket: the store and its user unit
+    store = tmp_path / "notes"
+    msg = not_running_message(store / ".clagd" / "clagd.sock", None)
+    assert f"`clagd run {store}`" in msg and "systemctl --user start clagd-notes.service" in msg
+    assert "(no socket file)" in msg
+    # a system unit's socket, as render_unit writes it: that unit, with sudo
+    units = render_unit("/var/lib/clagd/agent1", user=False, exe="/usr/bin/clagd")
+    env = next(ln for ln in units["clagd-agent1.service"].splitlines() if "CLAGD_SOCKET=" in ln)
+    system_sock = env.partition("CLAGD_SOCKET=")[2].strip('"')
+    msg = not_running_message(system_sock, None)
+    assert "sudo systemctl start clagd-agent1.service" in msg
+    # a stale socket file: the connection is refused
+    stale = tmp_path / "stale.sock"
+    stale.touch()
+    assert "(connection refused)" in not_running_message(stale, None)

@@ -31,6 +31,7 @@ from clagd.errors import ClagdError
 
 __all__ = [
     "EX_CONFIG",
+    "SYSTEM_SOCKET_DIR",
     "UNIT_PREFIX",
     "UnitPlan",
     "default_exe",
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 UNIT_PREFIX = "clagd-"  # install-service names a store's units clagd-<store folder name>
+SYSTEM_SOCKET_DIR = Path("/run/clagd")  # system units listen on <this>/<name>.sock
 EX_CONFIG = 78  # sysexits.h; the daemon exits with it on a bad config: no restart loop
 WATCHDOG_SEC = 60
 _UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9:_.-]+")
@@ -221,7 +223,7 @@ def plan_unit(
             env = {"XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR") or runtime}
             socket_path = default_socket_path(root, env)
         else:
-            socket_path = Path("/run/clagd") / f"{name.removeprefix(UNIT_PREFIX)}.sock"
+            socket_path = SYSTEM_SOCKET_DIR / f"{name.removeprefix(UNIT_PREFIX)}.sock"
     return UnitPlan(root, name, argv, Path(socket_path), user)
 
 
