@@ -484,6 +484,7 @@ def export(c: Ctx, dest: str, fmt: str, as_json: bool) -> None:
     """Write the clusters as readable Markdown into DEST, one file per cluster."""
     from clagd.store.export import export_markdown
 
+    c.require_store()
     paths = export_markdown(c.store, Path(dest))
     _emit({"files": [str(p) for p in paths]}, as_json, f"wrote {len(paths)} file(s) to {dest}")
 

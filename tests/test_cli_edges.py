@@ -71,6 +71,10 @@ def test_a_store_that_is_not_a_store_says_so(tmp_path: Path) -> None:
     assert f"{other} is not a clagd store (no clagd.yaml)" in res.stderr
     assert "clagd init --force" in res.stderr
     assert not (other / "clagd.yaml").exists()  # nothing was created
+    # export reads the store's files itself: the same check, nothing written
+    res = clagd("--store", str(missing), "export", str(tmp_path / "out"))
+    assert res.returncode == EXIT_USAGE and "is not a clagd store" in res.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_init_refuses_a_non_empty_folder(tmp_path: Path) -> None:
