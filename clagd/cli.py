@@ -14,8 +14,9 @@ from typing import Any
 import click
 
 from clagd import __version__
-from clagd.client import Client, find_socket_path
+from clagd.client import Client
 from clagd.errors import ClagdError
+from clagd.protocol import SOCKET_ENV, resolve_socket, store_path
 from clagd.serve.units import EX_CONFIG
 
 # Exit statuses (`clagd --help` lists them): scripts tell "start the daemon" apart from
@@ -45,22 +46,12 @@ class NotAStore(ClagdError):
 
 class Ctx:
     def __init__(self, store: str | None, socket: str | None) -> None:
-        self.store = Path(store or os.environ.get("CLAGD_STORE") or "./memory")
-        self.socket = socket or os.environ.get("CLAGD_SOCKET")
+        self.store = store_path(store)
+        self.socket = socket or os.environ.get(SOCKET_ENV)
 
     def socket_path(self) -> Path:
-        if self.socket:
-            return Path(self.socket)
-        from clagd.config import load_config
-
-        try:
-            configured = load_config(self.store).server.socket if self.store.exists() else ""
-        except ClagdError:
-            configured = ""
-        if configured:
-            p = Path(configured)
-            return p if p.is_absolute() else self.store / p
-        return find_socket_path(self.store)
+        """--socket / $CLAGD_SOCKET, else the store's `server.socket`, else its default."""
+        return resolve_socket(self.store, self.socket)
 
     def client(self, timeout: float | None = 30.0) -> Client:
         if not self.socket:

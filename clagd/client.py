@@ -15,20 +15,17 @@ A five-line agent loop::
 
 `Client` connects lazily on the first call and reconnects after the daemon closed an idle
 connection, so one instance can live as long as the agent. It is safe to share between threads
-(calls are serialized). `default_socket_path()` is also what the server binds, so both sides
-agree on where the socket lives without configuration.
+(calls are serialized). `Client.for_store` finds the socket the way the daemon chose it
+(`clagd.protocol.resolve_socket`: $CLAGD_SOCKET, `server.socket` in clagd.yaml, the default).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import json
 import os
-import re
 import socket
-import stat
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from clagd import errors
+from clagd.protocol import (
+    IDEMPOTENT_OPS,
+    MAX_REPLY_BYTES,
+    MAX_SOCKET_PATH,
+    QueryParams,
+    default_socket_path,
+    find_socket_path,
+    prepare_socket_dir,
+    resolve_socket,
+    socket_path_candidates,
+)
 
 __all__ = [
     "Client",
@@ -43,21 +51,18 @@ __all__ = [
     "ClusterScore",
     "DaemonNotRunning",
     "DaemonTimeout",
+    "MAX_SOCKET_PATH",
     "MemoryHit",
     "ProtocolError",
     "QueryResult",
     "default_socket_path",
     "find_socket_path",
     "prepare_socket_dir",
+    "resolve_socket",
     "socket_path_candidates",
 ]
 
-# sun_path is 108 bytes on Linux and 104 on the BSDs/macOS, including the final NUL.
-MAX_SOCKET_PATH = 103
-MAX_REPLY_BYTES = 256 * 1024 * 1024
 RECLUSTER_TIMEOUT = 900.0
-_IDEMPOTENT_OPS = frozenset({"ping", "status", "query", "clusters", "log"})
-_UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 # --------------------------------------------------------------------------- errors
@@ -86,77 +91,6 @@ class ProtocolError(ClientError):
     """The reply was not a well-formed protocol message (bad JSON, wrong id, no result)."""
 
     code = "protocol"
-
-
-# --------------------------------------------------------------------------- socket path
-
-
-def _short_name(store: Path) -> str:
-    digest = hashlib.sha256(os.fsencode(str(store))).hexdigest()[:16]
-    name = _UNSAFE_NAME_RE.sub("_", store.name)[:24].strip("._-") or "store"
-    return f"{name}-{digest}.sock"
-
-
-def socket_path_candidates(
-    store: str | os.PathLike[str], env: Mapping[str, str] | None = None
-) -> list[Path]:
-    """Where the socket of `store` may live, preferred first.
-
-    `<store>/.clagd/clagd.sock` when it fits in an AF_UNIX address; otherwise a short name
-    derived from a hash of the store's absolute path, under `$XDG_RUNTIME_DIR/clagd/` (when
-    set) and then `/tmp/clagd-<uid>/`. Both fallbacks are listed because a client and a
-    server started from different environments (cron, sudo, a systemd unit with PrivateTmp)
-    may disagree on `$XDG_RUNTIME_DIR`.
-    """
-    env = os.environ if env is None else env
-    root = Path(store).expanduser().resolve()
-    preferred = root / ".clagd" / "clagd.sock"
-    if len(os.fsencode(str(preferred))) <= MAX_SOCKET_PATH:
-        return [preferred]
-    name = _short_name(root)
-    out = []
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime):
-        out.append(Path(runtime) / "clagd" / name)
-    out.append(Path(f"/tmp/clagd-{os.getuid()}") / name)
-    return out
-
-
-def default_socket_path(
-    store: str | os.PathLike[str], env: Mapping[str, str] | None = None
-) -> Path:
-    """The socket path a daemon serving `store` binds (deterministic for a given env)."""
-    return socket_path_candidates(store, env)[0]
-
-
-def find_socket_path(store: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Path:
-    """The candidate socket that exists, else the default: what a client should connect to."""
-    candidates = socket_path_candidates(store, env)
-    for path in candidates:
-        if path.exists():
-            return path
-    return candidates[0]
-
-
-def prepare_socket_dir(path: str | os.PathLike[str]) -> None:
-    """Create the socket's directory (mode 0700) before binding; refuse a foreign one.
-
-    For the shared fallbacks (`/tmp/clagd-<uid>`, `$XDG_RUNTIME_DIR/clagd`) the directory
-    must belong to us and not be writable by others, or another user could plant a socket.
-    """
-    directory = Path(path).parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = directory.lstat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise errors.StoreError(f"{directory}: not a directory (socket directory)")
-    if directory.name == ".clagd":
-        return
-    if st.st_uid != os.getuid():
-        raise errors.StoreError(
-            f"{directory}: owned by uid {st.st_uid}, not by us; refusing to put the socket there"
-        )
-    if st.st_mode & 0o077:
-        os.chmod(directory, 0o700)
 
 
 # --------------------------------------------------------------------------- results
@@ -251,8 +185,10 @@ class Client:
 
     @classmethod
     def for_store(cls, store: str | os.PathLike[str], timeout: float | None = 30.0) -> Client:
-        """A client for the daemon that serves `store` at its default socket."""
-        return cls(find_socket_path(store), timeout=timeout)
+        """A client for the daemon that serves `store`: at $CLAGD_SOCKET when set, else at the
+        `server.socket` of the store's clagd.yaml, else at its default socket (the one
+        resolution the CLI and the daemon use, `protocol.resolve_socket`)."""
+        return cls(resolve_socket(store), timeout=timeout)
 
     # -- connection
 
@@ -374,7 +310,7 @@ class Client:
         except ConnectionResetError:
             line = None
         if line is None:
-            raise _Retryable if op in _IDEMPOTENT_OPS else _ClosedMidRequest
+            raise _Retryable if op in IDEMPOTENT_OPS else _ClosedMidRequest
         try:
             return json.loads(line)
         except (UnicodeDecodeError, ValueError) as exc:
@@ -454,13 +390,8 @@ class Client:
         token_budget: int | None = None,
         include_archive: bool = False,
     ) -> QueryResult:
-        result = self.call(
-            "query",
-            text=text,
-            max_memories=max_memories,
-            token_budget=token_budget,
-            include_archive=include_archive or None,
-        )
+        params = QueryParams(text, max_memories, token_budget, include_archive).to_request()
+        result = self.request("query", params)
         if not isinstance(result, dict):
             raise ProtocolError(f"query result is not an object: {str(result)[:200]}")
         return QueryResult.from_dict(result)

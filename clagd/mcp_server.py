@@ -23,7 +23,8 @@ import anyio
 from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 
 from clagd import __version__
-from clagd.client import Client, ClientError, DaemonNotRunning, QueryResult, find_socket_path
+from clagd.client import Client, ClientError, DaemonNotRunning, QueryResult
+from clagd.protocol import resolve_socket, store_path
 from clagd.serve.units import SYSTEM_SOCKET_DIR, UNIT_PREFIX, service_unit
 
 try:  # mcp >= 2
@@ -256,20 +257,21 @@ def run_mcp(
 
 
 def _socket_from(args: argparse.Namespace) -> Path:
-    if args.socket:
-        return Path(args.socket)
-    if os.environ.get("CLAGD_SOCKET"):
-        return Path(os.environ["CLAGD_SOCKET"])
-    store = args.store or os.environ.get("CLAGD_STORE") or "."
-    return find_socket_path(store)
+    """The daemon's socket, found as the CLI finds it (`protocol.resolve_socket`)."""
+    return resolve_socket(store_path(args.store), args.socket)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clagd.mcp_server", description="clagd MCP server (stdio)"
     )
-    parser.add_argument("--socket", help="daemon socket (default: $CLAGD_SOCKET, or the store's)")
-    parser.add_argument("--store", help="store whose daemon to use (default: $CLAGD_STORE, or .)")
+    parser.add_argument(
+        "--socket",
+        help="daemon socket (default: $CLAGD_SOCKET, or the store's server.socket or default)",
+    )
+    parser.add_argument(
+        "--store", help="store whose daemon to use (default: $CLAGD_STORE, or ./memory)"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per daemon request")
     args = parser.parse_args(argv)
     run_mcp(_socket_from(args), timeout=args.timeout, store=args.store)

@@ -31,6 +31,7 @@ from clagd.errors import BadRequest, Conflict, StoreError
 from clagd.ingest.batch import IngestResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
 from clagd.model import Memory
+from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
 from clagd.store.files import Paths, StoreState, is_store
 from clagd.store.gitrepo import GitStore
@@ -282,17 +283,24 @@ class Engine:
         include_archive: bool = False,
         count_round: bool = True,
     ) -> dict[str, Any]:
-        _check_query(text, max_memories, token_budget)
+        """Answer a query (the DESIGN shape: memories, clusters, context, tokens)."""
+        params = QueryParams(text, max_memories, token_budget, include_archive)
+        return self.run_query(params.check(), count_round)
+
+    def run_query(self, q: QueryParams, count_round: bool = True) -> dict[str, Any]:
+        """`query` with checked parameters (what the socket server calls)."""
         t0 = time.perf_counter()
-        archive_idx = self.archive_index() if include_archive else None
+        archive_idx = self.archive_index() if q.include_archive else None
         index = self.index  # one snapshot for the whole query
         # optional SLM pick among the lexical candidates (None: the lexical choice)
         refiner = self.hooks.refiner
-        chosen = refiner.choose(index, text) if refiner is not None else None
-        res = index.search(text, max_memories, token_budget, archive=archive_idx, clusters=chosen)
+        chosen = refiner.choose(index, q.text) if refiner is not None else None
+        res = index.search(
+            q.text, q.max_memories, q.token_budget, archive=archive_idx, clusters=chosen
+        )
         out = res.to_dict()
         archived_ids = (
-            {c["id"] for c in self._summaries if c["archived"]} if include_archive else set()
+            {c["id"] for c in self._summaries if c["archived"]} if q.include_archive else set()
         )
         for m in out["memories"]:
             m["archived"] = m["cluster_id"] in archived_ids
@@ -452,17 +460,6 @@ class Engine:
 
             self.hooks.session_runner = engine_session_runner(BackendManager(self.config))
         return self.hooks.session_runner
-
-
-def _check_query(text: str, max_memories: int | None, token_budget: int | None) -> None:
-    if not isinstance(text, str) or not text.strip():
-        raise BadRequest("'text' must be a non-empty string")
-    if max_memories is not None and (
-        not isinstance(max_memories, int) or not 0 < max_memories <= 100
-    ):
-        raise BadRequest("'max_memories' must be an integer from 1 to 100")
-    if token_budget is not None and (not isinstance(token_budget, int) or token_budget < 0):
-        raise BadRequest("'token_budget' must be a non-negative integer")
 
 
 def _iso(ts: float | None) -> str | None:

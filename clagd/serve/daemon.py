@@ -18,13 +18,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from clagd.client import default_socket_path
 from clagd.config import Config, load_config
 from clagd.engine.core import Engine
 from clagd.engine.hooks import EngineHooks
 from clagd.errors import StoreLocked
 from clagd.ingest.watcher import InboxWatcher
 from clagd.organize.session import engine_session_runner
+from clagd.protocol import resolve_socket
 from clagd.serve import sdnotify
 from clagd.serve.replicate import Replicator
 from clagd.serve.scheduler import Scheduler
@@ -91,10 +91,9 @@ class Daemon:
             log.info("created a new store in %s", self.store)
         self.paths = Paths(self.store)
         self.config = config or load_config(self.store)
-        configured = self.config.server.socket
-        self.socket_path = Path(socket_path or configured or default_socket_path(self.store))
-        if not self.socket_path.is_absolute():
-            self.socket_path = self.store / self.socket_path
+        self.socket_path = resolve_socket(
+            self.store, socket_path, configured=self.config.server.socket, binding=True
+        )
         self.lock = StoreLock(self.paths.runtime)
         self.stop_event = threading.Event()
         self.engine: Engine | None = None

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clagd.client import prepare_socket_dir
 from clagd.errors import BadRequest, ClagdError, StoreError
+from clagd.protocol import QueryParams, error_reply, fits_af_unix, ok_reply, prepare_socket_dir
 
 log = logging.getLogger("clagd.server")
 
@@ -49,18 +49,14 @@ class Dispatcher:
                     f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}", "unknown_op"
                 )
             params = {k: v for k, v in req.items() if k not in ("id", "op") and v is not None}
-            return {"id": rid, "ok": True, "result": fn(params)}
+            return ok_reply(rid, fn(params))
         except ClagdError as exc:
-            return {"id": rid, "ok": False, "error": {"code": exc.code, "message": str(exc)}}
+            return error_reply(rid, exc.code, str(exc))
         except TypeError as exc:  # wrong parameter names or types
-            return {"id": rid, "ok": False, "error": {"code": "bad_request", "message": str(exc)}}
+            return error_reply(rid, "bad_request", str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection thread
             log.exception("op %r failed", req.get("op"))
-            return {
-                "id": rid,
-                "ok": False,
-                "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"},
-            }
+            return error_reply(rid, "internal", f"{type(exc).__name__}: {exc}")
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -109,13 +105,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
         uid = peer_uid(self.request)
         if uid is not None and uid not in srv.allowed_uids:
             log.warning("refused a client of uid %s", uid)
-            self._send(
-                {
-                    "id": None,
-                    "ok": False,
-                    "error": {"code": "forbidden", "message": f"uid {uid} may not use this daemon"},
-                }
-            )
+            self._send(error_reply(None, "forbidden", f"uid {uid} may not use this daemon"))
             self._linger()
             return
         with srv.count_lock:
@@ -123,13 +113,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
             over = srv.active > srv.max_clients
         try:
             if over:
-                self._send(
-                    {
-                        "id": None,
-                        "ok": False,
-                        "error": {"code": "busy", "message": "too many clients; try again"},
-                    }
-                )
+                self._send(error_reply(None, "busy", "too many clients; try again"))
                 self._linger()
                 return
             self._serve()
@@ -149,13 +133,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
             if not line:
                 return
             if len(line) > limit and not line.endswith(b"\n"):
-                self._send(
-                    {
-                        "id": None,
-                        "ok": False,
-                        "error": {"code": "too_large", "message": f"request over {limit} bytes"},
-                    }
-                )
+                self._send(error_reply(None, "too_large", f"request over {limit} bytes"))
                 self._linger()
                 return  # the rest of the line cannot be resynchronised
             if not line.strip():
@@ -163,13 +141,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
             try:
                 req = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                if not self._send(
-                    {
-                        "id": None,
-                        "ok": False,
-                        "error": {"code": "bad_json", "message": f"not JSON: {exc}"},
-                    }
-                ):
+                if not self._send(error_reply(None, "bad_json", f"not JSON: {exc}")):
                     return
                 continue
             if not self._send(self.server.dispatcher.handle(req)):
@@ -211,9 +183,10 @@ class SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return
         assert path is not None
         self.path = Path(path)
-        if len(os.fsencode(str(self.path))) > 107:
+        if not fits_af_unix(self.path):
             raise StoreError(
-                f"socket path too long for AF_UNIX ({len(str(self.path))} bytes): {self.path}"
+                f"socket path too long for AF_UNIX ({len(os.fsencode(str(self.path)))} bytes): "
+                f"{self.path}"
             )
         prepare_socket_dir(self.path)
         _remove_stale(self.path)
@@ -256,15 +229,7 @@ def build_dispatcher(engine: Any, extra: dict[str, Handler] | None = None) -> Di
     d.op("ping", lambda p: {"pong": True, "pid": os.getpid(), "store": str(engine.root)})
     d.op("status", lambda p: engine.status())
     d.op("add", lambda p: engine.add(_items(p)))
-    d.op(
-        "query",
-        lambda p: engine.query(
-            _str(p, "text"),
-            max_memories=p.get("max_memories"),
-            token_budget=p.get("token_budget"),
-            include_archive=bool(p.get("include_archive", False)),
-        ),
-    )
+    d.op("query", lambda p: engine.run_query(QueryParams.from_request(p)))
     d.op(
         "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
     )

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from clagd.client import default_socket_path
 from clagd.errors import ClagdError
+from clagd.protocol import resolve_socket
 
 __all__ = [
     "EX_CONFIG",
@@ -211,8 +211,9 @@ def plan_unit(
 ) -> UnitPlan:
     """The store, unit name, command and socket of the units `render_unit` writes.
 
-    User units bind the store's default socket (what `clagd --store` finds on its own);
-    system units listen on `/run/clagd/<name>.sock`.
+    User units bind the store's socket (`protocol.resolve_socket`: its clagd.yaml's
+    `server.socket`, else the default; what `clagd --store` finds on its own); system units
+    listen on `/run/clagd/<name>.sock`.
     """
     root = Path(store).expanduser().resolve()
     name = name or unit_name(root)
@@ -221,7 +222,7 @@ def plan_unit(
         if user:
             runtime = f"/run/user/{os.getuid()}"
             env = {"XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR") or runtime}
-            socket_path = default_socket_path(root, env)
+            socket_path = resolve_socket(root, env=env, binding=True)
         else:
             socket_path = SYSTEM_SOCKET_DIR / f"{name.removeprefix(UNIT_PREFIX)}.sock"
     return UnitPlan(root, name, argv, Path(socket_path), user)
