@@ -438,6 +438,15 @@ def archive(c: Ctx, dry_run: bool, as_json: bool) -> None:
     )
 
 
+def _cutoffs(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    from clagd.eval.locomo import cutoffs
+
+    try:
+        return cutoffs(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @main.group()
 def eval() -> None:  # noqa: A001 - the subcommand is called eval
     """Measure retrieval on a benchmark."""
@@ -445,7 +454,14 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
 
 @eval.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--k", "ks", default="5,10", show_default=True, help="cut-offs, comma-separated")
+@click.option(
+    "--k",
+    "ks",
+    default="5,10",
+    show_default=True,
+    callback=_cutoffs,
+    help="cut-offs, comma-separated",
+)
 @click.option(
     "--backend",
     type=click.Choice(["none", "ollama", "llamacpp"]),
@@ -453,15 +469,11 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
     show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True)
-def locomo(file: str, ks: str, backend: str, as_json: bool) -> None:
+def locomo(file: str, ks: tuple[int, ...], backend: str, as_json: bool) -> None:
     """Evidence recall of clagd vs flat BM25 and recency on a LoCoMo-format FILE."""
     from clagd.eval.locomo import eval_command
 
-    try:
-        k_list = [int(k) for k in ks.split(",") if k.strip()]
-    except ValueError:
-        raise click.BadParameter("--k takes integers like 5,10") from None
-    sys.exit(eval_command(file, k_list, as_json, backend))
+    sys.exit(eval_command(file, ks, as_json, backend))
 
 
 @main.command()

@@ -20,9 +20,22 @@ CLUSTER_ID_RE = re.compile(r"^c-[0-9a-f]{8,32}$")
 _WS_RE = re.compile(r"\s+")
 
 
+def iso_utc(when: datetime | float | None = None) -> str:
+    """The one form every time clagd writes takes: UTC, seconds precision, a trailing Z
+    ("2026-01-31T12:00:00Z"). `when`: a datetime (naive ones are UTC), seconds since the
+    epoch, or None for now."""
+    if when is None:
+        dt = datetime.now(timezone.utc)
+    elif isinstance(when, datetime):
+        dt = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    else:
+        dt = datetime.fromtimestamp(when, timezone.utc)
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_iso() -> str:
-    """UTC timestamp with seconds precision, the form every stored time uses."""
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    """Now, in the form every stored time uses (`iso_utc`)."""
+    return iso_utc()
 
 
 def normalize_content(content: str) -> str:
@@ -35,8 +48,17 @@ def memory_id(content: str) -> str:
     return "m-" + digest[:16]
 
 
+def new_id(prefix: str, stamped: bool = False) -> str:
+    """A fresh id: `prefix`, then (when `stamped`) the UTC time as YYYYmmddTHHMMSS and "-",
+    so that ids sort by creation and say when, then 12 random hex digits (48 bits: no
+    collision among the ids one store makes). Used for clusters ("c-"), ingest batches
+    ("b-"), sessions ("s-", stamped) and unsorted shards ("u-", stamped)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" if stamped else ""
+    return f"{prefix}{stamp}{secrets.token_hex(6)}"
+
+
 def new_cluster_id() -> str:
-    return "c-" + secrets.token_hex(6)
+    return new_id("c-")
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -52,12 +74,15 @@ def parse_time(value: str | None) -> datetime | None:
     return dt
 
 
-def parse_epoch(value: str | None) -> float:
-    """Seconds since the epoch of a stored time. A missing or unparseable time is 0.0 (the
-    epoch itself): it sorts as the oldest, never as "now", and is never NaN (which would make
-    every comparison, sort and max() involving it silently wrong)."""
+def parse_epoch(value: str | None) -> float | None:
+    """Seconds since the epoch of a stored time, or None when it is missing or unparseable.
+
+    None, not a number standing for "unknown": what an unknown time means depends on the
+    use, and each caller says it where it uses the value (the archive and the organizers
+    count it as the oldest, `or 0.0`; the index gives it a neutral freshness, NaN). A
+    silent 0.0 or NaN here was two behaviours behind one name."""
     dt = parse_time(value)
-    return dt.timestamp() if dt is not None else 0.0
+    return dt.timestamp() if dt is not None else None
 
 
 @dataclass

@@ -30,7 +30,8 @@ def cold_clusters(
             continue
         _count, last = stats.cluster(c.id)
         if last is None:
-            last = max(parse_epoch(c.updated_at), parse_epoch(c.created_at))
+            # never read: as cold as its last change (an unknown time counts as the oldest)
+            last = max(parse_epoch(c.updated_at) or 0.0, parse_epoch(c.created_at) or 0.0)
         if now - last >= cfg.cold_after_days * 86400:
             cold.append(c.id)
     return sorted(cold)

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from clagd.engine.warmstart import WarmStart
 from clagd.errors import BadRequest, Conflict, StoreError
 from clagd.ingest.batch import IngestResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
-from clagd.model import Memory
+from clagd.model import Memory, iso_utc
 from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
 from clagd.store.files import Paths, StoreState, is_store
@@ -463,11 +462,4 @@ class Engine:
 
 
 def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return (
-        datetime.fromtimestamp(ts, timezone.utc)
-        .replace(microsecond=0)
-        .isoformat()
-        .replace("+00:00", "Z")
-    )
+    return None if ts is None else iso_utc(ts)

@@ -19,7 +19,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -261,7 +261,7 @@ def run_eval(
     `pipeline`: "engine" (a real store per conversation), "inprocess" (organizer + index
     only), or "auto" (the engine when it is available). `max_*` take a slice (for tests).
     """
-    ks = tuple(sorted({int(k) for k in ks if int(k) > 0})) or (5, 10)
+    ks = cutoffs(ks)
     kmax = max(ks)
     config = config or Config()
     data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -369,21 +369,48 @@ def format_table(result: dict[str, Any], ks: Sequence[int] = (5, 10)) -> str:
     return "\n".join(lines)
 
 
+def cutoffs(ks: str | Iterable[int]) -> tuple[int, ...]:
+    """The recall cut-offs (`--k`): "5,10" or integers, each kept once, ascending. Anything
+    else (a non-integer, zero or less, none at all) is a ValueError saying so: a cut-off
+    silently dropped would change what the table shows."""
+    items: list[Any] = ks.split(",") if isinstance(ks, str) else list(ks)
+    out: set[int] = set()
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            continue
+        try:
+            k = int(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"cut-offs are positive integers like 5,10, not {item!r}") from None
+        if k <= 0:
+            raise ValueError(f"cut-offs are positive integers like 5,10, not {k}")
+        out.add(k)
+    if not out:
+        raise ValueError("no cut-off given (e.g. 5,10)")
+    return tuple(sorted(out))
+
+
 def eval_command(
     file: str, ks: Sequence[int] | str = (5, 10), as_json: bool = False, backend: str = "none"
 ) -> int:
     """What `clagd eval locomo FILE [--k 5,10] [--json] [--backend ...]` runs; exit code."""
-    if isinstance(ks, str):
-        ks = [int(x) for x in ks.split(",") if x.strip()]
+    ks = cutoffs(ks)
     result = run_eval(file, ks=ks, backend=backend, progress=True)
     if as_json:
         print(json.dumps(result, indent=2))
     else:
-        print(format_table(result, tuple(sorted(set(ks)))))
+        print(format_table(result, ks))
     return 0
 
 
-__all__ = ["run_eval", "eval_command", "format_table", "parse_evidence", "parse_session_time"]
+__all__ = [
+    "run_eval",
+    "cutoffs",
+    "eval_command",
+    "format_table",
+    "parse_evidence",
+    "parse_session_time",
+]
 
 
 def _main() -> None:  # pragma: no cover - `python -m clagd.eval_locomo FILE`
@@ -395,7 +422,7 @@ def _main() -> None:  # pragma: no cover - `python -m clagd.eval_locomo FILE`
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--pipeline", default="auto")
     args = ap.parse_args()
-    ks = [int(x) for x in args.k.split(",")]
+    ks = cutoffs(args.k)
     res = run_eval(args.file, ks=ks, pipeline=args.pipeline)
     print(json.dumps(res, indent=2) if args.json else format_table(res, ks))
 

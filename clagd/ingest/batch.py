@@ -3,12 +3,11 @@ cluster or to a new unsorted shard, one commit per batch. Runs on the writer thr
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from clagd.ingest.inbox import Item
-from clagd.model import Memory, memory_id, now_iso
+from clagd.model import Memory, memory_id, new_id, now_iso
 from clagd.store.files import new_shard_name
 from clagd.store.writer import WriteContext
 
@@ -41,7 +40,7 @@ class IngestResult:
 
 
 def new_batch_id() -> str:
-    return "b-" + secrets.token_hex(4)
+    return new_id("b-")
 
 
 def ingest_items(

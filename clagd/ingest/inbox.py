@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from clagd.errors import InboxRejected
-from clagd.model import normalize_content, parse_time
+from clagd.model import iso_utc, normalize_content, parse_time
 from clagd.yamlio import YamlError, loads
 
 log = logging.getLogger("clagd.inbox")
@@ -69,7 +69,7 @@ def _created_at(value: Any) -> str | None:
         if parsed is None:
             raise InboxRejected(f"created_at {value!r} is not an ISO 8601 time")
         dt = parsed
-    return dt.astimezone(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return iso_utc(dt)
 
 
 def validate_item(raw: Any, where: str = "item") -> Item:
@@ -242,7 +242,7 @@ def reject(inbox: Path, name: str, reason: str) -> Path:
         n += 1
     os.replace(inbox / name, target)
     (rejected / (target.name + ".error")).write_text(
-        f"{reason}\nrejected at {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n",
+        f"{reason}\nrejected at {iso_utc()}\n",
         encoding="utf-8",
     )
     log.warning("rejected inbox file %s: %s", name, reason)

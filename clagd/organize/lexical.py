@@ -20,7 +20,7 @@ from collections import Counter
 from datetime import datetime, timezone
 
 from clagd.config import SessionConfig
-from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_time
+from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_epoch, parse_time
 from clagd.organize.plan import Plan, PlanCluster
 from clagd.organize.similarity import TfIdf, unit_cosine
 from clagd.text import tokenize
@@ -44,8 +44,7 @@ _GENERIC = frozenset(
 
 
 def _ts(m: Memory) -> float:
-    dt = parse_time(m.created_at)
-    return dt.timestamp() if dt is not None else 0.0
+    return parse_epoch(m.created_at) or 0.0  # an unknown time counts as the oldest
 
 
 def _episodes(mems: list[Memory], gap_seconds: float) -> list[list[Memory]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clagd.errors import ClagdError
-from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_time
+from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_epoch
 from clagd.organize.similarity import count_cosine, jaccard, term_counts, terms
 from clagd.slm.schema import array, closed_object, one_of, string
 from clagd.text import tokenize
@@ -422,13 +422,13 @@ def _newer_first(a: Memory, b: Memory) -> tuple[Memory, Memory]:
     """Recency decides which memory supersedes the other, then metadata confidence."""
 
     def key(m: Memory) -> tuple[float, float]:
-        t = parse_time(m.created_at)
+        t = parse_epoch(m.created_at) or 0.0  # an unknown time counts as the oldest
         conf = m.metadata.get("confidence", 0) if isinstance(m.metadata, dict) else 0
         try:
             c = float(conf)
         except (TypeError, ValueError):
             c = 0.0
-        return (t.timestamp() if t else 0.0, c)
+        return (t, c)
 
     return (a, b) if key(a) >= key(b) else (b, a)
 

@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from clagd.config import Config, SessionConfig
 from clagd.errors import BackendError, ClagdError, Conflict, StoreError
+from clagd.model import new_id
 from clagd.organize.organizers import SEED_STEP, Organizer, Proposal, Tag, organizer_for
 from clagd.organize.plan import (
     NEW_PREFIX,
@@ -95,7 +94,7 @@ class SessionOutcome:
 
 
 def new_session_id() -> str:
-    return "s-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+    return new_id("s-", stamped=True)
 
 
 # -- writer ops ---------------------------------------------------------------------------

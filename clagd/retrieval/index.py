@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from clagd.config import Config, IngestConfig, RetrievalConfig
-from clagd.model import Cluster, Memory, parse_time
+from clagd.model import Cluster, Memory, parse_epoch
 from clagd.text import estimate_tokens, tokenize
 
 UNSORTED_NAME = "unsorted"
@@ -95,8 +95,9 @@ def idf(n_docs: int, df: np.ndarray | int, mode: str = "lucene") -> np.ndarray |
 
 
 def _epoch(created_at: str) -> float:
-    dt = parse_time(created_at)
-    return dt.timestamp() if dt is not None else math.nan
+    """NaN for an unknown time: a neutral freshness, and first in a cluster's chain."""
+    t = parse_epoch(created_at)
+    return math.nan if t is None else t
 
 
 def _chain_key(m: Memory, t: float) -> tuple[float, str]:

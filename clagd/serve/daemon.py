@@ -7,8 +7,6 @@ writer finish and commit, remove the socket, release the lock, exit 0.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import fcntl
 import gc
 import logging
@@ -23,6 +21,7 @@ from clagd.engine.core import Engine
 from clagd.engine.hooks import EngineHooks
 from clagd.errors import StoreLocked
 from clagd.ingest.watcher import InboxWatcher
+from clagd.libc import malloc_trim
 from clagd.organize.session import engine_session_runner
 from clagd.protocol import resolve_socket
 from clagd.serve import sdnotify
@@ -41,11 +40,7 @@ def release_free_memory() -> bool:
     malloc_trim): parsing and indexing 100k memories leaves ~200 MB of freed but mapped
     memory that would otherwise stay in the daemon's RSS for good. False where there is no
     glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    return malloc_trim()
 
 
 class StoreLock:

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
 from clagd.errors import StoreError
-from clagd.model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id
+from clagd.model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id, new_id
 from clagd.store.durable import atomic_write_text
 from clagd.yamlio import YamlError, dumps, load_yaml_file
 
@@ -40,8 +38,7 @@ def template_dir() -> Path:
 
 
 def new_shard_name() -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{SHARD_PREFIX}{stamp}-{secrets.token_hex(3)}"
+    return new_id(SHARD_PREFIX, stamped=True)
 
 
 def valid_shard_name(name: str) -> bool:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from clagd.errors import Conflict, StoreError
+from clagd.libc import syncfs
 from clagd.model import Cluster, Memory
-from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file, syncfs
+from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
 from clagd.store.files import (
     ARCHIVE,
     CLUSTERS,
