@@ -15,6 +15,7 @@ import click
 
 from clagd import __version__
 from clagd.client import Client
+from clagd.config import BackendKind
 from clagd.errors import ClagdError
 from clagd.protocol import SOCKET_ENV, resolve_socket, store_path
 from clagd.serve.units import EX_CONFIG
@@ -469,7 +470,7 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
     show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True)
-def locomo(file: str, ks: tuple[int, ...], backend: str, as_json: bool) -> None:
+def locomo(file: str, ks: tuple[int, ...], backend: BackendKind, as_json: bool) -> None:
     """Evidence recall of clagd vs flat BM25 and recency on a LoCoMo-format FILE."""
     from clagd.eval.locomo import eval_command
 

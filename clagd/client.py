@@ -396,10 +396,10 @@ class Client:
             raise ProtocolError(f"query result is not an object: {str(result)[:200]}")
         return QueryResult.from_dict(result)
 
-    def clusters(self, include_archive: bool = False) -> Any:
+    def clusters(self, include_archive: bool = False) -> dict[str, Any]:
         return self.call("clusters", include_archive=include_archive or None)
 
-    def log(self, n: int = 20) -> Any:
+    def log(self, n: int = 20) -> dict[str, Any]:
         return self.call("log", n=n)
 
     def revert(self, ref: str) -> dict[str, Any]:

@@ -10,10 +10,19 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin, get_type_hints
 
 from clagd.errors import ConfigError
 from clagd.yamlio import YamlError, load_yaml_file
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# String settings with a fixed set of values: mypy checks them in code, and the loader takes
+# the allowed values from these same types (typing.get_args), so there is one list.
+BackendKind = Literal["auto", "ollama", "llamacpp", "none"]
+IdfMode = Literal["lucene", "okapi"]  # lucene: log(1 + (N - df + .5) / (df + .5)), never <= 0
+ObserverKind = Literal["auto", "inotify", "polling"]
 
 
 @dataclass
@@ -40,7 +49,7 @@ class LlamaCppConfig:
 
 @dataclass
 class BackendConfig:
-    kind: str = "auto"  # auto | ollama | llamacpp | none
+    kind: BackendKind = "auto"
     recheck_seconds: float = 300.0
     ollama: OllamaConfig = field(default_factory=OllamaConfig)
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)
@@ -74,7 +83,7 @@ class RetrievalConfig:
     neighbor_weight: float = 0.3  # tuned on LoCoMo dev (docs/retrieval.md)
     k1: float = 1.2
     b: float = 0.75
-    idf: str = "lucene"  # lucene: log(1 + (N - df + .5) / (df + .5)), never <= 0 | okapi
+    idf: IdfMode = "lucene"
     stemmer: bool = True
     stopwords: bool = True
     use_freshness: bool = False
@@ -102,7 +111,7 @@ class InboxConfig:
     debounce_seconds: float = 0.3
     settle_seconds: float = 1.0
     rescan_seconds: float = 2.0
-    observer: str = "auto"  # auto | inotify | polling
+    observer: ObserverKind = "auto"
     max_batch: int = 5000
 
 
@@ -144,13 +153,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-_CHOICES = {
-    "backend.kind": {"auto", "ollama", "llamacpp", "none"},
-    "inbox.observer": {"auto", "inotify", "polling"},
-}
-
-
-def _fill(obj: Any, data: Any, prefix: str, source: str) -> None:
+def _fill(obj: DataclassInstance, data: object, prefix: str, source: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: '{prefix or 'top level'}' must be a mapping")
     hints = get_type_hints(type(obj))
@@ -160,17 +163,20 @@ def _fill(obj: Any, data: Any, prefix: str, source: str) -> None:
         if key not in names:
             raise ConfigError(f"{source}: unknown key '{path}'")
         current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
+        if dataclasses.is_dataclass(current) and not isinstance(current, type):
             _fill(current, value if value is not None else {}, path, source)
             continue
         setattr(obj, key, _coerce(value, hints[key], path, source))
-        if path in _CHOICES and getattr(obj, key) not in _CHOICES[path]:
-            raise ConfigError(
-                f"{source}: '{path}' must be one of {', '.join(sorted(_CHOICES[path]))}"
-            )
 
 
-def _coerce(value: Any, typ: Any, path: str, source: str) -> Any:
+def _coerce(value: object, typ: object, path: str, source: str) -> object:
+    if get_origin(typ) is Literal:
+        choices = get_args(typ)
+        if value in choices:
+            return value
+        raise ConfigError(
+            f"{source}: '{path}' must be one of {', '.join(map(str, choices))}, got {value!r}"
+        )
     if typ is bool:
         if isinstance(value, bool):
             return value

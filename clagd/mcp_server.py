@@ -31,8 +31,8 @@ try:  # mcp >= 2
     from mcp.server.mcpserver import MCPServer as _MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 except ImportError:  # mcp 1.x
-    from mcp.server.fastmcp import FastMCP as _MCPServer  # type: ignore[no-redef,attr-defined]
-    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef,import-not-found]
+    from mcp.server.fastmcp import FastMCP as _MCPServer  # type: ignore[no-redef,attr-defined,unused-ignore]
+    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef,import-not-found,unused-ignore]
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 __all__ = ["build_server", "main", "run_mcp"]

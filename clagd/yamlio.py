@@ -26,7 +26,7 @@ _MERGE = "tag:yaml.org,2002:merge"
 _Scalar, _Mapping, _Sequence = yaml.ScalarNode, yaml.MappingNode, yaml.SequenceNode
 
 
-class _FastLoader(_Loader):  # type: ignore[misc, valid-type]
+class _FastLoader(_Loader):
     """The safe loader, with plain strings, mappings and lists built by one tight recursive
     function instead of PyYAML's generic constructor (generators, per-node bookkeeping),
     which was most of the time of loading a large store. Every other node — numbers, bools,
@@ -36,7 +36,7 @@ class _FastLoader(_Loader):  # type: ignore[misc, valid-type]
 
     _tag_cache: dict[str, str] = {}
 
-    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
         # the implicit tag of a plain scalar depends only on its text: cache the short ones
         # (keys and small values repeat in every memory); quoted scalars are always strings
         if kind is _Scalar:
@@ -52,7 +52,7 @@ class _FastLoader(_Loader):  # type: ignore[misc, valid-type]
                 return tag
         return super().resolve(kind, value, implicit)
 
-    def construct_document(self, node: Any) -> Any:
+    def construct_document(self, node: yaml.Node) -> Any:
         try:
             return self._build(node)
         finally:
@@ -61,7 +61,7 @@ class _FastLoader(_Loader):  # type: ignore[misc, valid-type]
             self.state_generators = []
             self.deep_construct = False
 
-    def _build(self, node: Any) -> Any:
+    def _build(self, node: yaml.Node) -> Any:
         cls, tag = type(node), node.tag
         if cls is _Scalar and tag == _STR:
             return node.value
@@ -98,10 +98,9 @@ def _check_no_alias(text: str) -> None:
             raise YamlError(f"YAML aliases are not accepted (line {line})")
 
 
-def loads(text: str, allow_aliases: bool = False) -> Any:
+def loads(text: str) -> Any:
+    """Parse YAML with the safe loader; aliases are refused (YamlError)."""
     try:
-        if allow_aliases:
-            return yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
         if "*" in text:
             _check_no_alias(text)
         return yaml.load(text, Loader=_FastLoader)  # noqa: S506 - a safe loader

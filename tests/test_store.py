@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
+import typing
 from pathlib import Path
 
 import pytest
@@ -59,6 +62,51 @@ def test_config_errors_name_the_key_and_file(tmp_path: Path) -> None:
     (tmp_path / "clagd.yaml").write_text("inbox:\n  settle_seconds: 2\n")
     assert load_config(tmp_path, env={"CLAGD_BACKEND": "none"}).backend.kind == "none"
     assert load_config(tmp_path).inbox.settle_seconds == 2.0
+
+
+def _literal_settings() -> dict[str, tuple[str, ...]]:
+    """Every setting typed as a Literal in Config (dotted key -> allowed values)."""
+    out: dict[str, tuple[str, ...]] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            t = hints[f.name]
+            if dataclasses.is_dataclass(t):
+                walk(t, f"{prefix}{f.name}.")
+            elif typing.get_origin(t) is typing.Literal:
+                out[prefix + f.name] = typing.get_args(t)
+
+    walk(Config, "")
+    return out
+
+
+def _yaml_setting(key: str, value: str) -> str:
+    """clagd.yaml text setting one dotted key."""
+    doc: typing.Any = value
+    for part in reversed(key.split(".")):
+        doc = {part: doc}
+    return yaml.safe_dump(doc)
+
+
+def test_fixed_choice_settings_are_checked_by_the_loader(tmp_path: Path) -> None:
+    choices = _literal_settings()
+    assert {"backend.kind", "retrieval.idf", "inbox.observer"} <= set(choices)
+    path = tmp_path / "clagd.yaml"
+    for key, allowed in choices.items():
+        for value in allowed:
+            path.write_text(_yaml_setting(key, value))
+            cfg = load_config(tmp_path, env={})
+            assert functools.reduce(getattr, key.split("."), cfg) == value
+        path.write_text(_yaml_setting(key, "no-such-choice"))
+        with pytest.raises(ConfigError) as err:
+            load_config(tmp_path, env={})
+        assert str(path) in str(err.value) and f"'{key}'" in str(err.value)
+        assert all(v in str(err.value) for v in allowed) and "no-such-choice" in str(err.value)
+    with pytest.raises(
+        ConfigError, match="environment CLAGD_BACKEND: 'backend.kind' must be one of"
+    ):
+        load_config(None, env={"CLAGD_BACKEND": "gpt"})
 
 
 def test_memory_id_is_the_hash_of_normalized_content() -> None:

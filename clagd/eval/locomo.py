@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from rank_bm25 import BM25Okapi
 
-from clagd.config import Config
+from clagd.config import BackendKind, Config
 from clagd.model import Memory, memory_id, normalize_content
 from clagd.organize.lexical import organize_all
 from clagd.retrieval.index import Index
@@ -114,7 +114,7 @@ def questions(conv: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
 class InProcessPipeline:
     """Organizer -> clusters -> Index, without a store (for development and benchmarks)."""
 
-    def __init__(self, config: Config, backend: str = "none") -> None:
+    def __init__(self, config: Config, backend: BackendKind = "none") -> None:
         if backend != "none":
             raise ValueError("the in-process pipeline only runs the lexical organizer")
         self.config = config
@@ -140,7 +140,7 @@ class EnginePipeline:
     """The real thing: a fresh store, the engine's ingest, one clustering session, the
     engine's query (the path the socket serves)."""
 
-    def __init__(self, config: Config, backend: str = "none") -> None:
+    def __init__(self, config: Config, backend: BackendKind = "none") -> None:
         from clagd.engine.core import Engine
         from clagd.engine.hooks import EngineHooks
         from clagd.organize.session import engine_session_runner
@@ -173,7 +173,7 @@ class EnginePipeline:
             self._tmp.cleanup()
 
 
-def _pipeline_factory(kind: str) -> Callable[[Config, str], Any]:
+def _pipeline_factory(kind: str) -> Callable[[Config, BackendKind], Any]:
     if kind == "inprocess":
         return InProcessPipeline
     if kind == "engine":
@@ -249,7 +249,7 @@ class _Progress:
 def run_eval(
     path: str | Path,
     ks: Sequence[int] = (5, 10),
-    backend: str = "none",
+    backend: BackendKind = "none",
     progress: bool = True,
     config: Config | None = None,
     pipeline: str = "auto",
@@ -391,7 +391,10 @@ def cutoffs(ks: str | Iterable[int]) -> tuple[int, ...]:
 
 
 def eval_command(
-    file: str, ks: Sequence[int] | str = (5, 10), as_json: bool = False, backend: str = "none"
+    file: str,
+    ks: Sequence[int] | str = (5, 10),
+    as_json: bool = False,
+    backend: BackendKind = "none",
 ) -> int:
     """What `clagd eval locomo FILE [--k 5,10] [--json] [--backend ...]` runs; exit code."""
     ks = cutoffs(ks)

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from clagd.config import Config, load_config
@@ -247,7 +248,8 @@ class Daemon:
         return self.engine.recluster("manual", backend=params.get("backend"))
 
     # -- run / stop -------------------------------------------------------------------
-    def request_stop(self, *_args: Any) -> None:
+    def request_stop(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
+        """The SIGTERM/SIGINT handler: `run` notices and shuts down in order."""
         self.stop_event.set()
 
     def run(self) -> int:

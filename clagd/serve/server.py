@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from clagd.engine.core import Engine
 from clagd.errors import BadRequest, ClagdError, StoreError
 from clagd.protocol import QueryParams, error_reply, fits_af_unix, ok_reply, prepare_socket_dir
 
@@ -224,7 +225,9 @@ def _remove_stale(path: Path) -> None:
     raise StoreError(f"another daemon is serving on {path}")
 
 
-def build_dispatcher(engine: Any, extra: dict[str, Handler] | None = None) -> Dispatcher:
+def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) -> Dispatcher:
+    """The ops every daemon serves, on `engine`; `extra` adds or replaces ops (the daemon's
+    `recluster`, which can return before the session ends)."""
     d = Dispatcher()
     d.op("ping", lambda p: {"pong": True, "pid": os.getpid(), "store": str(engine.root)})
     d.op("status", lambda p: engine.status())
