@@ -167,7 +167,6 @@ def read_file(path: Path, max_bytes: int, max_items: int) -> list[Item]:
 class Seen:
     size: int
     mtime_ns: int
-    first_seen: float
 
 
 @dataclass
@@ -213,7 +212,7 @@ class InboxTracker:
                 prev = self._seen.get(name)
                 closed = self._complete.get(name)
                 if prev is None or (prev.size, prev.mtime_ns) != (st.st_size, st.st_mtime_ns):
-                    self._seen[name] = Seen(st.st_size, st.st_mtime_ns, now)
+                    self._seen[name] = Seen(st.st_size, st.st_mtime_ns)
                     stable = False
                 else:
                     stable = True

@@ -60,7 +60,6 @@ class InboxWatcher:
         self.tracker = InboxTracker(self.inbox, cfg.settle_seconds)
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._idle = threading.Event()
         self._backlog: set[str] = set()  # files present at start
         self._backlog_done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clagd-inbox", daemon=True)
@@ -83,7 +82,6 @@ class InboxWatcher:
         self._thread.start()
         # the first pass starts at once (no debounce): the files present at start are not a
         # burst still arriving, and the daemon serves only after they are taken in
-        self._idle.clear()
         self._wake.set()
 
     def _start_observer(self) -> None:
@@ -120,7 +118,6 @@ class InboxWatcher:
 
     def poke(self) -> None:
         self._last_event = time.monotonic()
-        self._idle.clear()
         self._wake.set()
 
     def stop(self) -> None:
@@ -133,14 +130,10 @@ class InboxWatcher:
         if self._thread.is_alive():
             self._thread.join(60)
 
-    def wait_idle(self, timeout: float) -> bool:
-        """For tests and the CLI: wait until a pass found nothing left to do."""
-        return self._idle.wait(timeout)
-
     def wait_backlog(self, timeout: float) -> bool:
         """Wait until every file that was in the inbox at start has been ingested or
-        rejected (or ingestion is paused by a failure). Unlike `wait_idle`, this ends while
-        new files keep arriving, so a restart under a steady stream still starts serving."""
+        rejected (or ingestion is paused by a failure). It ends even while new files keep
+        arriving, so a restart under a steady stream still starts serving."""
         return self._backlog_done.wait(timeout)
 
     def _check_backlog(self) -> None:
@@ -234,8 +227,6 @@ class InboxWatcher:
                 break
         if waiting:
             threading.Timer(self.cfg.settle_seconds / 2 + 0.05, self._wake.set).start()
-        else:
-            self._idle.set()
         return handled
 
     def _maybe_incomplete(self, path: Path, name: str) -> bool:

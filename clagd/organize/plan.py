@@ -134,12 +134,6 @@ class Aliases:
     def new(self) -> list[str]:
         return [f"N{i}" for i in range(1, self.max_new + 1)]
 
-    def memory_alias(self) -> dict[str, str]:
-        return {mid: a for a, mid in self.memories.items()}
-
-    def cluster_alias(self) -> dict[str, str]:
-        return {cid: a for a, cid in self.clusters.items()}
-
 
 def build_schema(
     memory_aliases: list[str], cluster_aliases: list[str], max_new: int

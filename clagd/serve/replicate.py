@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from clagd.store.gitrepo import GitStore
@@ -26,7 +25,6 @@ class Replicator:
         self.pushes = 0
         self.failures = 0
         self.last_error = ""
-        self.last_attempt: float | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -51,7 +49,6 @@ class Replicator:
                 continue
             if head == self.pushed:
                 continue
-            self.last_attempt = time.time()
             try:
                 self.git.push(self.remote, self.branch)
             except Exception as exc:  # noqa: BLE001

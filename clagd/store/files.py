@@ -168,15 +168,6 @@ class StoreState:
     def unsorted_memories(self) -> list[Memory]:
         return [m for mems in self.unsorted.values() for m in mems]
 
-    def counts(self) -> dict[str, int]:
-        return {
-            "clusters": len(self.clusters),
-            "archived_clusters": len(self.archived),
-            "memories": sum(len(c.memories) for c in self.clusters.values()),
-            "archived_memories": sum(len(c.memories) for c in self.archived.values()),
-            "unsorted": sum(len(v) for v in self.unsorted.values()),
-        }
-
 
 def _check_memory(m: Memory, where: str, seen: dict[str, str], errors: list[str]) -> None:
     if not MEMORY_ID_RE.match(m.id):

@@ -18,7 +18,7 @@ from typing import Any
 from git.cmd import Git
 from git.exc import GitCommandError
 
-from clagd.errors import Conflict, NotFound, StoreError
+from clagd.errors import Conflict, NotFound
 from clagd.store.durable import fsync_dir
 
 log = logging.getLogger("clagd.git")
@@ -374,12 +374,4 @@ def drop_broken_objects(objects: Path, since: float) -> list[str]:
     return dropped
 
 
-def ensure_repo(root: Path) -> GitStore:
-    if not Path(root).is_dir():
-        raise StoreError(f"{root} is not a folder")
-    g = GitStore(root)
-    g.init()
-    return g
-
-
-__all__ = ["GitStore", "ensure_repo", "format_message"]
+__all__ = ["GitStore", "format_message"]
