@@ -1,15 +1,17 @@
-"""The start-up snapshot: a fast start that is never wrong. Whatever happened since the
+"""The warm start (the start-up pickle of the state and index): a fast start that is never wrong. Whatever happened since the
 snapshot (commits, a kill, hand edits, a corrupt file), the loaded store equals the files."""
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 from pathlib import Path
 
 import yaml
-from helpers import assert_same_as_files, git, make_store
+from helpers import InProcessDaemon, assert_same_as_files, git, make_store
 
 from clagd.engine.core import Engine
+from clagd.engine.warmstart import WARMSTART_MAGIC
 from clagd.ingest.inbox import Item
 
 
@@ -78,6 +80,80 @@ def test_corrupt_or_foreign_snapshot_means_a_full_load(tmp_path: Path) -> None:
     git(root, "gc", "-q", "--prune=now")
     gone = subprocess.run(["git", "cat-file", "-e", head], cwd=root, capture_output=True)
     assert gone.returncode != 0
+    eng = Engine(root)
+    try:
+        assert eng.load_source == "files"
+        assert_same_as_files(eng)
+    finally:
+        eng.close()
+
+
+def _old_layout_pickle(root: Path, marker: Path) -> bytes:
+    """What the daemon before the layer subpackages wrote: a bare pickle of a dict, no
+    header line. Its objects name classes by their old modules; one of them here, if ever
+    unpickled, would create `marker`, which proves it is refused before unpickling."""
+    state = {"memories": ["a memory that must survive"], "touch": _Touch(marker)}
+    return pickle.dumps(
+        {"key": {"format": 1}, "head": git(root, "rev-parse", "HEAD").strip(), "state": state},
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+
+
+class _Touch:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[Path]]:
+        return (Path.touch, (self.path,))
+
+
+def test_a_warm_start_file_of_the_old_layout_is_refused_and_the_daemon_loads_the_files(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    root = make_store(tmp_path / "m")
+    eng = Engine(root)
+    _add(eng, "a memory that must survive", "another one about trains")
+    eng.close()
+    runtime = root / ".clagd"
+    good = (runtime / "warmstart.pickle").read_bytes()
+    assert good.startswith(WARMSTART_MAGIC)
+    marker = tmp_path / "unpickled"
+    old = _old_layout_pickle(root, marker)
+    # the old name (what the old layout left behind) and a header-less file at the new name
+    (runtime / "snapshot.pickle").write_bytes(old)
+    (runtime / "warmstart.pickle").write_bytes(old)
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            st = c.status()
+            hits = c.query("must survive").memories
+        assert st["load_source"] == "files"
+        assert st["counts"]["memories"] == 2
+        assert [h.content for h in hits][:1] == ["a memory that must survive"]
+        assert_same_as_files(d.engine)
+        assert not marker.exists()  # refused by its header, never unpickled
+        assert not (runtime / "snapshot.pickle").exists()  # the old file is gone for good
+    finally:
+        d.stop()
+    # the clean stop wrote a file of the current format, and the next start uses it
+    assert (runtime / "warmstart.pickle").read_bytes().startswith(WARMSTART_MAGIC)
+    eng = Engine(root)
+    try:
+        assert eng.load_source == "warmstart"
+        assert_same_as_files(eng)
+    finally:
+        eng.close()
+
+
+def test_a_warm_start_file_of_an_older_format_is_refused(tmp_path: Path) -> None:
+    root = make_store(tmp_path / "m")
+    eng = Engine(root)
+    _add(eng, "a memory about the previous format")
+    eng.close()
+    path = root / ".clagd" / "warmstart.pickle"
+    body = path.read_bytes()[len(WARMSTART_MAGIC) :]
+    # the header of format 2 (the layer subpackages, before the file was renamed)
+    path.write_bytes(b"clagd-startup-snapshot 2\n" + body)
     eng = Engine(root)
     try:
         assert eng.load_source == "files"
