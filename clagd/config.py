@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin, get_type_hints
@@ -170,6 +171,8 @@ def _fill(obj: DataclassInstance, data: object, prefix: str, source: str) -> Non
 
 
 def _coerce(value: object, typ: object, path: str, source: str) -> object:
+    """`value` as the setting's type (YAML and environment strings included), or a
+    ConfigError naming the key, the file and what was expected."""
     if get_origin(typ) is Literal:
         choices = get_args(typ)
         if value in choices:
@@ -177,30 +180,59 @@ def _coerce(value: object, typ: object, path: str, source: str) -> object:
         raise ConfigError(
             f"{source}: '{path}' must be one of {', '.join(map(str, choices))}, got {value!r}"
         )
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    convert = _COERCERS.get(typ) if isinstance(typ, type) else None
+    result = convert(value) if convert is not None else _NO
+    if result is _NO:
+        raise ConfigError(
+            f"{source}: '{path}' must be {getattr(typ, '__name__', typ)}, got {value!r}"
+        )
+    return result
+
+
+_NO = object()  # "cannot be converted"
+
+
+def _to_bool(value: object) -> object:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    return _NO
+
+
+def _to_int(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return _NO
+
+
+def _to_float(value: object) -> object:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
             return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif typ is str:
-        if value is None:
-            return ""
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    raise ConfigError(f"{source}: '{path}' must be {getattr(typ, '__name__', typ)}, got {value!r}")
+        except ValueError:
+            pass
+    return _NO
+
+
+def _to_str(value: object) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    return _NO
+
+
+_COERCERS: dict[type, Callable[[object], object]] = {
+    bool: _to_bool,
+    int: _to_int,
+    float: _to_float,
+    str: _to_str,
+}
 
 
 _ENV = {
