@@ -106,6 +106,10 @@ def loads(text: str) -> Any:
         return yaml.load(text, Loader=_FastLoader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise YamlError(" ".join(str(exc).split())) from None
+    except RecursionError:
+        # libyaml refuses nesting past 1000 levels itself; between Python's recursion limit
+        # and that, building the nested lists and mappings would overflow the stack
+        raise YamlError("nested too deeply") from None
 
 
 def dumps(data: Any) -> str:

@@ -260,3 +260,14 @@ def test_fast_loader_refuses_unhashable_keys_and_matches_a_dumped_cluster() -> N
     text = dumps(c.to_dict())
     assert loads(text) == yaml.safe_load(text)
     assert Cluster.from_dict(loads(text)) == c
+
+
+def test_yaml_nested_deeper_than_the_stack_is_a_yaml_error() -> None:
+    # deeper than Python's recursion limit, shallower than libyaml's own 1000-level limit:
+    # a clear YamlError (the inbox rejects the file with it), not a RecursionError
+    with pytest.raises(YamlError, match="nested too deeply"):
+        loads("a: " + "[" * 900 + "]" * 900)
+    nested = loads("a: " + "[" * 50 + "]" * 50)["a"]
+    for _ in range(49):
+        (nested,) = nested
+    assert nested == []
