@@ -24,12 +24,12 @@ README_DIR = "/tmp/tour"  # the folder the README's transcript was made in
 MARK = "<!-- tour: the output of examples/tour/tour.sh /tmp/tour (tests/test_tour.py) -->"
 
 _MASKS = [
-    (re.compile(r"\bs-\d{8}T\d{6}-[0-9a-f]{6}\b"), "s-<session>"),
+    (re.compile(r"\bs-\d{8}T\d{6}-[0-9a-f]{12}\b"), "s-<session>"),
     (re.compile(r"\bc-[0-9a-f]{12}\b"), "c-<cluster>"),
     # a commit id: 7-40 hex digits standing alone (memory ids m-<hex> are content hashes: kept)
     (re.compile(r"(?<![\w-])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])"), "<commit>"),
 ]
-_RUN_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\+00:00)?")
+_RUN_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|\+00:00)?")
 
 
 def normalise(text: str, workdir: str) -> list[str]:
