@@ -18,6 +18,10 @@ from clagd.config import Config, load_config
 from clagd.serve.daemon import Daemon
 from clagd.store.files import init_store, load_state
 
+# The repository root (tests live one or two folders below it).
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
 FAST = {
     "backend": {"kind": "none", "recheck_seconds": 0},
     "session": {

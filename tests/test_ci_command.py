@@ -7,14 +7,14 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from pathlib import Path
+
+from helpers import REPO
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
 CI_MARK = "# --- tests ---"
 README_MARK = '<!-- ci: the commands of .ci/run after "# --- tests ---" -->'
 

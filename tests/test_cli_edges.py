@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import InProcessDaemon, git
+from helpers import REPO, InProcessDaemon, git
 
 from clagd.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def clagd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,10 +17,9 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'clagd[mcp]')")
 
+from helpers import REPO
 from mcp import ClientSession  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 class RunningDaemon:

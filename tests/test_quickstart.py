@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import REPO, wait_for
 
 from clagd.client import Client
 
-REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "quickstart.md"
 
 

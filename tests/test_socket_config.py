@@ -16,13 +16,12 @@ from typing import Any
 import anyio
 import pytest
 from click.testing import CliRunner
-from helpers import make_store, wait_for
+from helpers import REPO, make_store, wait_for
 
 from clagd.cli import main
 from clagd.client import Client, DaemonNotRunning
 from clagd.protocol import default_socket_path, resolve_socket
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIGURED = "run/configured.sock"  # relative: inside the store
 
 

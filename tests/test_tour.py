@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TOUR = REPO / "examples" / "tour" / "tour.sh"
 README_DIR = "/tmp/tour"  # the folder the README's transcript was made in
 MARK = "<!-- tour: the output of examples/tour/tour.sh /tmp/tour (tests/test_tour.py) -->"

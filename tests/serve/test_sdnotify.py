@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from clagd.serve import sdnotify
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 class NotifyListener:

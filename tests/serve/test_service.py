@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from clagd.client import Client, default_socket_path
 from clagd.serve.units import (
@@ -25,7 +26,6 @@ from clagd.serve.units import (
     unit_name,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 SYSTEMD_DIR = REPO / "systemd"
 EXE = [sys.executable, "-m", "clagd"]
 

@@ -2,6 +2,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import SHARED_DATA
 
 from clagd.eval.locomo import (
     conversation_turns,
@@ -12,7 +13,7 @@ from clagd.eval.locomo import (
 )
 from clagd.model import memory_id
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo-dev.json"
+DATA = SHARED_DATA / "locomo" / "locomo-dev.json"
 if not DATA.exists():
     DATA = Path("/work/shared/data/locomo/locomo-dev.json")
 KEYS = {"recall@5", "recall@10", "hit@5", "hit@10", "tokens", "p50_ms", "p99_ms"}

@@ -14,14 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
+from helpers import REPO, InProcessDaemon, git, head_contents, make_store, wait_for
 
 from clagd.engine.core import Engine
 from clagd.errors import Conflict
 from clagd.model import Cluster
 from clagd.store import gitrepo as gitstore
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _harness():
