@@ -469,12 +469,32 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
     default="none",
     show_default=True,
 )
+@click.option(
+    "--protocol",
+    type=click.Choice(["stream", "batch", "both"]),
+    default="stream",
+    show_default=True,
+    help="stream: turns into a running daemon's inbox; batch: all at once, one session",
+)
+@click.option(
+    "--batch",
+    "batch_size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="stream N turns per inbox file (default: one LoCoMo session per file)",
+)
 @click.option("--json", "as_json", is_flag=True)
-def locomo(file: str, ks: tuple[int, ...], backend: BackendKind, as_json: bool) -> None:
-    """Evidence recall of clagd vs flat BM25 and recency on a LoCoMo-format FILE."""
+def locomo(
+    file: str, ks: str, backend: str, protocol: str, batch_size: int | None, as_json: bool
+) -> None:
+    """Evidence recall and precision of clagd vs flat BM25 and recency on a LoCoMo FILE."""
     from clagd.eval.locomo import eval_command
 
-    sys.exit(eval_command(file, ks, as_json, backend))
+    try:
+        k_list = [int(k) for k in ks.split(",") if k.strip()]
+    except ValueError:
+        raise click.BadParameter("--k takes integers like 5,10") from None
+    sys.exit(eval_command(file, k_list, as_json, backend, protocol, batch_size))
 
 
 @main.command()

@@ -1,249 +1,221 @@
 """`clagd eval locomo`: retrieval quality on LoCoMo-format conversations.
 
-For each conversation: a fresh temporary store, every dialog turn ingested as a memory
-(`<speaker>: <text>` plus ` [image: <caption>]`, created_at from the session date and time,
-ten seconds apart per turn), one clustering pass with the chosen backend, then every QA item
-of categories 1-4 that has evidence asked through the query path. Two baselines run on the
-same memories in the same run: flat BM25 (rank-bm25's BM25Okapi, the same tokenizer) and a
+Per conversation: a fresh store, every dialog turn a memory (`<speaker>: <text>` plus
+` [image: <caption>]`, created_at from the session date and time, ten seconds apart per
+turn), organized by one of the protocols (`stream`: a running daemon's inbox and triggers,
+the way agents use clagd; `batch`: everything at once, one session), then every QA item of
+categories 1-4 that has evidence asked through the query path. Two baselines run on the same
+memories in the same run: flat BM25 (rank-bm25's BM25Okapi, the same tokenizer) and a
 recency window of the last k turns.
-
-Only the harness knows which dialog turn became which memory (through `memory_id(content)`);
-the store sees content and created_at, nothing the dataset adds (no dia_id, no sessions).
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import re
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rank_bm25 import BM25Okapi
 
-from clagd.config import BackendKind, Config
-from clagd.model import Memory, memory_id, normalize_content
-from clagd.organize.lexical import organize_all
-from clagd.retrieval.index import Index
+from clagd.config import Config
+from clagd.eval.data import (
+    CATEGORIES,
+    Question,
+    Turn,
+    conversation_turns,
+    load_conversations,
+    parse_evidence,
+    parse_session_time,
+    questions,
+)
+from clagd.eval.metrics import Tally
+from clagd.eval.pipelines import EnginePipeline, InProcessPipeline, Pipeline, line_tokens
+from clagd.model import memory_id, normalize_content
 from clagd.text import estimate_tokens, tokenize
 
-CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 SYSTEMS = ("clagd", "flat_bm25", "recency")
-TURN_SECONDS = 10
-_EVIDENCE_RE = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
-_DATE_RE = re.compile(
-    r"(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})", re.IGNORECASE
-)
+PROTOCOLS = ("stream", "batch")
+ORG_KEYS = ("sessions", "route_passes", "routed", "clusters", "unsorted", "memories")
 
 
-@dataclass
-class Turn:
-    dia_id: str
-    content: str
-    created_at: str
+# --------------------------------------------------------------------------- progress
+class _Progress:
+    """Progress lines on stderr: one per conversation step, and a question counter."""
+
+    def __init__(self, total: int, enabled: bool, prefix: str) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled and total > 0
+        self.prefix = prefix
+        self._shown = -1.0
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"{self.prefix}: {text}\n")
+            sys.stderr.flush()
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if not self.enabled or (now - self._shown < 5.0 and self.done < self.total):
+            return
+        self._shown = now
+        self.line(f"{self.done}/{self.total} questions")
 
 
-def parse_evidence(items: Sequence[Any]) -> list[str]:
-    """Normalized dia ids ("D3:7") from LoCoMo evidence, lenient about its known quirks:
-    "D:11:26", "D30:05", several ids in one string; anything without numbers is dropped."""
-    out: list[str] = []
-    for item in items or []:
-        for a, b in _EVIDENCE_RE.findall(str(item)):
-            did = f"D{int(a)}:{int(b)}"
-            if did not in out:
-                out.append(did)
-    return out
-
-
-def parse_session_time(text: str) -> datetime | None:
-    """ "1:56 pm on 8 May, 2023" -> an aware UTC datetime (None when unparsable)."""
-    m = _DATE_RE.search(text or "")
-    if not m:
-        return None
-    hour, minute, ampm, day, month, year = m.groups()
-    try:
-        base = datetime.strptime(f"{day} {month[:3].title()} {year}", "%d %b %Y")
-    except ValueError:
-        return None
-    h = int(hour) % 12 + (12 if ampm.lower() == "pm" else 0)
-    return base.replace(hour=h, minute=int(minute), tzinfo=timezone.utc)
-
-
-def conversation_turns(conv: dict[str, Any]) -> list[Turn]:
-    """Every dialog turn of one conversation as (dia_id, memory content, created_at)."""
-    c = conv["conversation"]
-    nums = sorted(
-        int(k.split("_")[1])
-        for k, v in c.items()
-        if re.fullmatch(r"session_\d+", k) and isinstance(v, list)
-    )
-    turns: list[Turn] = []
-    last: datetime | None = None
-    for n in nums:
-        start = parse_session_time(str(c.get(f"session_{n}_date_time", "")))
-        if start is None:  # keep order: continue after the previous session
-            start = (last or datetime(2000, 1, 1, tzinfo=timezone.utc)) + timedelta(hours=1)
-        for i, t in enumerate(c[f"session_{n}"]):
-            content = f"{t.get('speaker', '')}: {t.get('text', '')}"
-            if t.get("blip_caption"):
-                content += f" [image: {t['blip_caption']}]"
-            at = start + timedelta(seconds=TURN_SECONDS * i)
-            last = at
-            turns.append(Turn(str(t.get("dia_id", "")), content, at.strftime("%Y-%m-%dT%H:%M:%SZ")))
-    return turns
-
-
-def questions(conv: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
-    out = []
-    for qa in conv.get("qa", []):
-        cat = qa.get("category")
-        ev = parse_evidence(qa.get("evidence") or [])
-        if cat in CATEGORIES and ev and qa.get("question"):
-            out.append((str(qa["question"]), int(cat), ev))
-    return out
-
-
-# --------------------------------------------------------------------------- pipelines
-class InProcessPipeline:
-    """Organizer -> clusters -> Index, without a store (for development and benchmarks)."""
-
-    def __init__(self, config: Config, backend: BackendKind = "none") -> None:
-        if backend != "none":
-            raise ValueError("the in-process pipeline only runs the lexical organizer")
-        self.config = config
-        self.index = Index.for_config(config)
-
-    def ingest(self, turns: list[Turn]) -> None:
-        mems = list(
-            {m.id: m for m in (Memory.new(t.content, t.created_at) for t in turns)}.values()
-        )
-        clusters = organize_all(mems, self.config.session)
-        self.index = Index.build(
-            {c.id: c for c in clusters}, [], self.config.retrieval, self.config.ingest
-        )
-
-    def query(self, text: str, k: int) -> dict[str, Any]:
-        return self.index.search(text, max_memories=k, token_budget=0).to_dict()
-
-    def close(self) -> None:
-        pass
-
-
-class EnginePipeline:
-    """The real thing: a fresh store, the engine's ingest, one clustering session, the
-    engine's query (the path the socket serves)."""
-
-    def __init__(self, config: Config, backend: BackendKind = "none") -> None:
-        from clagd.engine.core import Engine
-        from clagd.engine.hooks import EngineHooks
-        from clagd.organize.session import engine_session_runner
-        from clagd.slm.manager import BackendManager
-        from clagd.store.files import init_store
-
-        self._tmp = tempfile.TemporaryDirectory(prefix="clagd-eval-")
-        self.backend = backend
-        self.config = copy.deepcopy(config)
-        self.config.backend.kind = backend
-        root, _ = init_store(Path(self._tmp.name) / "store")
-        runner = engine_session_runner(BackendManager(self.config))
-        self.engine = Engine(
-            root, self.config, start=True, hooks=EngineHooks(session_runner=runner)
-        )
-
-    def ingest(self, turns: list[Turn]) -> None:
-        self.engine.add([{"content": t.content, "created_at": t.created_at} for t in turns])
-        # one clustering pass over the whole conversation
-        self.config.session.sample_size = max(self.config.session.sample_size, len(turns))
-        self.engine.recluster(trigger="eval", backend=self.backend)
-
-    def query(self, text: str, k: int) -> dict[str, Any]:
-        return self.engine.query(text, max_memories=k, token_budget=0)
-
-    def close(self) -> None:
-        try:
-            self.engine.close()
-        finally:
-            self._tmp.cleanup()
-
-
-def _pipeline_factory(kind: str) -> Callable[[Config, BackendKind], Any]:
-    if kind == "inprocess":
-        return InProcessPipeline
-    if kind == "engine":
-        return EnginePipeline
-    try:
-        from clagd.engine import core as engine  # noqa: F401
-    except ImportError:
-        return InProcessPipeline
-    return EnginePipeline
-
-
-# --------------------------------------------------------------------------- metrics
-class _Tally:
-    def __init__(self, ks: Sequence[int]) -> None:
-        self.ks = ks
-        self.recall: dict[int, list[float]] = {k: [] for k in ks}
-        self.hit: dict[int, list[float]] = {k: [] for k in ks}
-        self.tokens: list[int] = []
-        self.ms: list[float] = []
-
-    def add(self, ranked: list[str], evidence: set[str], tokens: int, ms: float) -> None:
-        for k in self.ks:
-            top = set(ranked[:k])
-            found = len(top & evidence)
-            self.recall[k].append(found / len(evidence))
-            self.hit[k].append(1.0 if found else 0.0)
-        self.tokens.append(tokens)
-        self.ms.append(ms)
-
-    def summary(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for k in self.ks:
-            out[f"recall@{k}"] = round(float(np.mean(self.recall[k])), 4) if self.ms else 0.0
-            out[f"hit@{k}"] = round(float(np.mean(self.hit[k])), 4) if self.ms else 0.0
-        out["tokens"] = round(float(np.mean(self.tokens)), 1) if self.tokens else 0.0
-        out["p50_ms"] = round(float(np.percentile(self.ms, 50)), 3) if self.ms else 0.0
-        out["p99_ms"] = round(float(np.percentile(self.ms, 99)), 3) if self.ms else 0.0
-        return out
-
-
+# --------------------------------------------------------------------------- baselines
 def _plain_context(contents: list[str]) -> str:
     return "\n".join(f"[Memory] {c}" for c in contents)
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled and total > 0
-        self.label = ""
-        self._shown = -1.0
+class Baselines:
+    """Flat BM25 over all turns (the same tokenizer, k1 and b as clagd: only the
+    organization differs) and the last k turns, on one conversation's memories."""
 
-    def step(self, n: int = 1, label: str | None = None) -> None:
-        self.done += n
-        if label is not None:
-            self.label = label
-        now = time.monotonic()
-        if not self.enabled or (now - self._shown < 0.1 and self.done < self.total):
-            return
-        self._shown = now
-        width = 30
-        filled = int(width * self.done / self.total)
-        sys.stderr.write(
-            f"\rlocomo [{'#' * filled}{'.' * (width - filled)}] "
-            f"{self.done}/{self.total} questions {self.label}   "
+    def __init__(self, turns: list[Turn], config: Config, kmax: int) -> None:
+        mems = list({memory_id(t.content): normalize_content(t.content) for t in turns}.items())
+        self.ids = [mid for mid, _ in mems]
+        self.contents = [c for _, c in mems]
+        self.rc = config.retrieval
+        self.kmax = kmax
+        self.flat = BM25Okapi([self._tok(c) for c in self.contents], k1=self.rc.k1, b=self.rc.b)
+        self.recent = list(range(len(mems)))[-kmax:][::-1]
+        self.full_tokens = estimate_tokens("\n".join(self.contents))
+
+    def _tok(self, text: str) -> list[str]:
+        return tokenize(text, stem=self.rc.stemmer, stopwords=self.rc.stopwords)
+
+    def _answer(self, rows: list[int], ms: float) -> tuple[list[str], int, float, list[int]]:
+        texts = [self.contents[i] for i in rows]
+        costs = [estimate_tokens(f"[Memory] {c}") + 1 for c in texts]
+        return [self.ids[i] for i in rows], estimate_tokens(_plain_context(texts)), ms, costs
+
+    def flat_bm25(self, text: str) -> tuple[list[str], int, float, list[int]]:
+        t0 = time.perf_counter()
+        scores = self.flat.get_scores(self._tok(text))
+        top = np.argsort(-scores, kind="stable")[: self.kmax].tolist()
+        return self._answer(top, (time.perf_counter() - t0) * 1000)
+
+    def recency(self) -> tuple[list[str], int, float, list[int]]:
+        return self._answer(self.recent, 0.0)
+
+
+# --------------------------------------------------------------------------- one run
+@dataclass
+class _Run:
+    ks: tuple[int, ...]
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    per_cat: dict[int, dict[str, Tally]] = field(default_factory=dict)
+    org: dict[str, int] = field(default_factory=dict)
+    full_tokens: list[int] = field(default_factory=list)
+    memories: int = 0
+    conversations: int = 0
+
+    def __post_init__(self) -> None:
+        self.tallies = {s: Tally(self.ks) for s in SYSTEMS}
+        self.per_cat = {c: {s: Tally(self.ks) for s in SYSTEMS} for c in CATEGORIES}
+        self.org = dict.fromkeys(ORG_KEYS, 0)
+
+    def add(self, system: str, cat: int, evidence: set[str], answer: tuple) -> None:
+        ranked, tokens, ms, costs = answer
+        for t in (self.tallies[system], self.per_cat[cat][system]):
+            t.add(ranked, evidence, tokens, ms, costs)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {s: self.tallies[s].summary() for s in SYSTEMS}
+        ft = self.full_tokens
+        out["full_tokens"] = round(float(np.mean(ft)), 1) if ft else 0.0
+        out["per_category"] = {
+            str(cat): {
+                "name": CATEGORIES[cat],
+                "n": len(self.per_cat[cat]["clagd"]),
+                **{s: self.per_cat[cat][s].summary() for s in SYSTEMS},
+            }
+            for cat in CATEGORIES
+            if len(self.per_cat[cat]["clagd"])
+        }
+        out["organization"] = dict(self.org)
+        out["questions"] = len(self.tallies["clagd"])
+        out["conversations"] = self.conversations
+        out["memories"] = self.memories
+        return out
+
+
+def _pipeline_factory(
+    protocol: str, pipeline: str, batch: int | None, log: Callable[[str], None] | None
+) -> Callable[[Config, str], Pipeline]:
+    if pipeline == "inprocess":
+        return InProcessPipeline
+    if protocol == "batch":
+        return EnginePipeline
+    if protocol != "stream":
+        raise ValueError(f"unknown protocol {protocol!r} (stream, batch)")
+    from clagd.eval.stream import DaemonPipeline
+
+    def make(config: Config, backend: str) -> Pipeline:
+        return DaemonPipeline(config, backend, batch=batch, log=log)
+
+    return make
+
+
+def _ask(
+    pipe: Pipeline,
+    base: Baselines,
+    qs: list[Question],
+    by_dia: dict[str, str],
+    run: _Run,
+    bar: _Progress,
+) -> None:
+    """Every question through clagd and both baselines."""
+    for q in qs:
+        evidence = {by_dia[d] for d in q.evidence if d in by_dia}
+        if not evidence:
+            bar.step()
+            continue
+        t0 = time.perf_counter()
+        res = pipe.query(q.text, base.kmax)
+        ms = (time.perf_counter() - t0) * 1000
+        ranked = [m["id"] for m in res["memories"]]
+        run.add("clagd", q.category, evidence, (ranked, int(res["tokens"]), ms, line_tokens(res)))
+        run.add("flat_bm25", q.category, evidence, base.flat_bm25(q.text))
+        run.add("recency", q.category, evidence, base.recency())
+        run.full_tokens.append(base.full_tokens)
+        bar.step()
+
+
+def _conversation(
+    conv: dict[str, Any],
+    qs: list[Question],
+    make: Callable[[Config, str], Pipeline],
+    config: Config,
+    backend: str,
+    run: _Run,
+    bar: _Progress,
+) -> None:
+    """One conversation: a fresh pipeline, its turns in, its questions out."""
+    turns = conversation_turns(conv)
+    by_dia = {t.dia_id: memory_id(t.content) for t in turns}
+    base = Baselines(turns, config, max(run.ks))
+    run.memories += len(base.ids)
+    run.conversations += 1
+    pipe = make(config, backend)
+    try:
+        t0 = time.monotonic()
+        pipe.ingest(turns)
+        org = pipe.organization()
+        bar.line(
+            f"conversation {run.conversations}: {len(turns)} turns organized in "
+            f"{time.monotonic() - t0:.1f}s ({org['sessions']} sessions, {org['clusters']} "
+            f"clusters, {org['routed']} routed, {org['unsorted']} unsorted)"
         )
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        _ask(pipe, base, qs, by_dia, run, bar)
+        for key, value in pipe.organization().items():
+            run.org[key] = run.org.get(key, 0) + value
+    finally:
+        pipe.close()
 
 
 def run_eval(
@@ -255,117 +227,78 @@ def run_eval(
     pipeline: str = "auto",
     max_conversations: int | None = None,
     max_questions: int | None = None,
+    protocol: str = "stream",
+    batch: int | None = None,
 ) -> dict[str, Any]:
-    """Evaluate retrieval on a LoCoMo-format file; returns the `--json` object.
+    """Evaluate retrieval on a LoCoMo-format file with one protocol; the `--json` object.
 
-    `pipeline`: "engine" (a real store per conversation), "inprocess" (organizer + index
-    only), or "auto" (the engine when it is available). `max_*` take a slice (for tests).
+    `protocol`: "stream" (a running daemon's inbox) or "batch" (everything at once, one
+    session). `pipeline="inprocess"` runs organizer + index without a store instead
+    (development). `max_*` take a slice (for tests).
     """
-    ks = cutoffs(ks)
-    kmax = max(ks)
+    ks = tuple(sorted({int(k) for k in ks if int(k) > 0})) or (5, 10)
     config = config or Config()
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, dict):
-        data = [data]
-    convs = data[:max_conversations] if max_conversations else data
-    make = _pipeline_factory(pipeline)
+    convs = load_conversations(path)
+    convs = convs[:max_conversations] if max_conversations else convs
     work = [(c, questions(c)[:max_questions] if max_questions else questions(c)) for c in convs]
-    bar = _Progress(sum(len(q) for _, q in work), progress)
-    tallies = {s: _Tally(ks) for s in SYSTEMS}
-    per_cat = {cat: {s: _Tally(ks) for s in SYSTEMS} for cat in CATEGORIES}
-    full_tokens: list[int] = []
-    n_memories = 0
-    try:
-        for ci, (conv, qs) in enumerate(work, 1):
-            label = f"(conversation {ci}/{len(work)})"
-            bar.step(0, label)
-            turns = conversation_turns(conv)
-            by_dia = {t.dia_id: memory_id(t.content) for t in turns}
-            mems = list({memory_id(t.content): normalize_content(t.content) for t in turns}.items())
-            n_memories += len(mems)
-            full = estimate_tokens("\n".join(c for _, c in mems))
-            ids = [mid for mid, _ in mems]
-            contents = [c for _, c in mems]
-            # same tokenizer and the same k1, b as clagd: only the organization differs
-            rc = config.retrieval
-
-            def tok(text: str, rc: Any = rc) -> list[str]:
-                return tokenize(text, stem=rc.stemmer, stopwords=rc.stopwords)
-
-            flat = BM25Okapi([tok(c) for c in contents], k1=rc.k1, b=rc.b)
-            recent_ids = [mid for mid, _ in mems][-kmax:][::-1]
-            recent_tokens = estimate_tokens(_plain_context([c for _, c in mems][-kmax:]))
-
-            pipe = make(config, backend)
-            try:
-                pipe.ingest(turns)
-                for text, cat, ev in qs:
-                    evidence = {by_dia[d] for d in ev if d in by_dia}
-                    if not evidence:
-                        bar.step()
-                        continue
-                    t0 = time.perf_counter()
-                    res = pipe.query(text, kmax)
-                    ms = (time.perf_counter() - t0) * 1000
-                    ranked = [m["id"] for m in res["memories"]]
-                    got = [tallies["clagd"], per_cat[cat]["clagd"]]
-                    for t in got:
-                        t.add(ranked, evidence, int(res["tokens"]), ms)
-
-                    t0 = time.perf_counter()
-                    scores = flat.get_scores(tok(text))
-                    top = np.argsort(-scores, kind="stable")[:kmax].tolist()
-                    flat_ctx = _plain_context([contents[i] for i in top])
-                    ms = (time.perf_counter() - t0) * 1000
-                    flat_ranked = [ids[i] for i in top]
-                    for t in (tallies["flat_bm25"], per_cat[cat]["flat_bm25"]):
-                        t.add(flat_ranked, evidence, estimate_tokens(flat_ctx), ms)
-                    for t in (tallies["recency"], per_cat[cat]["recency"]):
-                        t.add(recent_ids, evidence, recent_tokens, 0.0)
-                    full_tokens.append(full)
-                    bar.step()
-            finally:
-                pipe.close()
-    finally:
-        bar.close()
-    result: dict[str, Any] = {s: tallies[s].summary() for s in SYSTEMS}
-    result["full_tokens"] = round(float(np.mean(full_tokens)), 1) if full_tokens else 0.0
-    result["per_category"] = {
-        str(cat): {
-            "name": CATEGORIES[cat],
-            "n": len(per_cat[cat]["clagd"].ms),
-            **{s: per_cat[cat][s].summary() for s in SYSTEMS},
-        }
-        for cat in CATEGORIES
-        if per_cat[cat]["clagd"].ms
-    }
-    result["questions"] = len(tallies["clagd"].ms)
-    result["conversations"] = len(work)
-    result["memories"] = n_memories
+    label = "inprocess" if pipeline == "inprocess" else protocol
+    bar = _Progress(sum(len(q) for _, q in work), progress, f"locomo {label}")
+    make = _pipeline_factory(protocol, pipeline, batch, bar.line if progress else None)
+    run = _Run(ks)
+    for conv, qs in work:
+        _conversation(conv, qs, make, config, backend, run, bar)
+    result = run.summary()
     result["backend"] = backend
-    result["pipeline"] = make.__name__
+    result["protocol"] = label
+    result["batch"] = batch
     return result
 
 
+def run_protocols(
+    path: str | Path, protocols: Sequence[str] = PROTOCOLS, **kw: Any
+) -> dict[str, Any]:
+    """Several protocols on the same file: `{"protocols": {name: result}}` plus the first
+    protocol's result at the top level (so one-protocol readers keep working)."""
+    results = {p: run_eval(path, protocol=p, **kw) for p in protocols}
+    first = results[protocols[0]]
+    return {**first, "protocols": results}
+
+
+# --------------------------------------------------------------------------- output
+def _row(name: str, row: dict[str, Any], cols: list[str]) -> str:
+    return f"{name:<14}" + "".join(f"{row.get(c, 0):>10}" for c in cols)
+
+
 def format_table(result: dict[str, Any], ks: Sequence[int] = (5, 10)) -> str:
-    cols = [f"recall@{k}" for k in ks] + [f"hit@{k}" for k in ks]
-    cols += ["tokens", "p50_ms", "p99_ms"]
-    lines = [f"{'system':<10}" + "".join(f"{c:>11}" for c in cols)]
-    for s in SYSTEMS:
-        row = result[s]
-        lines.append(f"{s:<10}" + "".join(f"{row.get(c, 0):>11}" for c in cols))
-    lines.append(
-        f"full history: {result['full_tokens']} tokens; {result['questions']} questions, "
-        f"{result['conversations']} conversations, backend {result['backend']}"
-    )
+    """The systems side by side (clagd once per protocol), per category, organization."""
+    runs = result.get("protocols") or {result.get("protocol", "clagd"): result}
     rk = f"recall@{max(ks)}"
+    cols = [f"recall@{k}" for k in ks] + [f"hit@{k}" for k in ks]
+    cols += [f"precision@{max(ks)}", "tokens", "wasted_tokens", "p50_ms", "p99_ms"]
+    short = [c.replace("precision", "prec").replace("wasted_tokens", "wasted") for c in cols]
+    lines = [f"{'system':<14}" + "".join(f"{c:>10}" for c in short)]
+    for name, res in runs.items():
+        lines.append(_row(f"clagd {name}", res["clagd"], cols))
+    first = next(iter(runs.values()))
+    for s in SYSTEMS[1:]:
+        lines.append(_row(s, first[s], cols))
+    lines.append(
+        f"full history: {first['full_tokens']} tokens; {first['questions']} questions, "
+        f"{first['conversations']} conversations, backend {first['backend']}"
+    )
     lines.append("")
     lines.append(f"per category ({rk}):")
-    for cat, row in result["per_category"].items():
-        lines.append(
-            f"  {cat} {row['name']:<12} n={row['n']:<4}"
-            + "".join(f" {s}={row[s][rk]:<7}" for s in SYSTEMS)
+    for cat, row in first["per_category"].items():
+        cells = "".join(
+            f" {n}={res['per_category'][cat]['clagd'][rk]:<7}" for n, res in runs.items()
         )
+        base = "".join(f" {s}={row[s][rk]:<7}" for s in SYSTEMS[1:])
+        lines.append(f"  {cat} {row['name']:<12} n={row['n']:<4}{cells}{base}")
+    lines.append("")
+    lines.append("organization (summed over conversations):")
+    for name, res in runs.items():
+        org = res["organization"]
+        lines.append(f"  {name:<10}" + "  ".join(f"{k} {org.get(k, 0)}" for k in ORG_KEYS))
     return "\n".join(lines)
 
 
@@ -394,11 +327,16 @@ def eval_command(
     file: str,
     ks: Sequence[int] | str = (5, 10),
     as_json: bool = False,
-    backend: BackendKind = "none",
+    backend: str = "none",
+    protocol: str = "stream",
+    batch: int | None = None,
 ) -> int:
-    """What `clagd eval locomo FILE [--k 5,10] [--json] [--backend ...]` runs; exit code."""
-    ks = cutoffs(ks)
-    result = run_eval(file, ks=ks, backend=backend, progress=True)
+    """What `clagd eval locomo FILE [--protocol stream|batch|both] [--batch N] [--k 5,10]
+    [--json] [--backend ...]` runs; the exit code."""
+    if isinstance(ks, str):
+        ks = [int(x) for x in ks.split(",") if x.strip()]
+    protocols = PROTOCOLS if protocol == "both" else (protocol,)
+    result = run_protocols(file, protocols, ks=ks, backend=backend, progress=True, batch=batch)
     if as_json:
         print(json.dumps(result, indent=2))
     else:
@@ -408,27 +346,10 @@ def eval_command(
 
 __all__ = [
     "run_eval",
-    "cutoffs",
+    "run_protocols",
     "eval_command",
     "format_table",
     "parse_evidence",
     "parse_session_time",
+    "conversation_turns",
 ]
-
-
-def _main() -> None:  # pragma: no cover - `python -m clagd.eval_locomo FILE`
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("file")
-    ap.add_argument("--k", default="5,10")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--pipeline", default="auto")
-    args = ap.parse_args()
-    ks = cutoffs(args.k)
-    res = run_eval(args.file, ks=ks, pipeline=args.pipeline)
-    print(json.dumps(res, indent=2) if args.json else format_table(res, ks))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _main()

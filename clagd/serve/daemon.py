@@ -158,7 +158,7 @@ class Daemon:
             on_threshold=self._on_threshold,
             session_runner=engine_session_runner(self.backends),
             backend_status=self.backends.status,
-            status={"inbox": self._inbox_status},
+            status={"inbox": self._inbox_status, "activity": self._activity},
         )
         if cfg.retrieval.slm_refine:
             from clagd.retrieval.refine import Refiner
@@ -175,6 +175,11 @@ class Daemon:
             hooks.on_commit = self.replicator.notify
             hooks.status["replication"] = self.replicator.status
         return hooks
+
+    def _activity(self) -> dict[str, Any]:
+        """Queued and running sessions (`Scheduler.activity`): what a client waits out
+        when it wants the store organized (the eval's stream protocol)."""
+        return self.scheduler.activity() if self.scheduler is not None else {}
 
     def _on_threshold(self, why: str) -> None:
         if self.scheduler is not None:

@@ -14,6 +14,7 @@ records are logged again at DEBUG on `clagd.scheduler` instead: normal work logs
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
@@ -62,6 +63,10 @@ class Scheduler:
     ) -> None:
         self._session = session
         _quiet_expected_skips(("default", "session"))
+        # what `activity()` reports: a session asked for and not yet started, one running
+        self._lock = threading.Lock()
+        self._queued = False
+        self._running = 0
         self.sched = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(2), "session": ThreadPoolExecutor(1)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -103,18 +108,40 @@ class Scheduler:
 
         return run
 
-    def _run_session(self, trigger: str) -> None:
+    def _run_triggered(self, trigger: str) -> None:
+        with self._lock:
+            self._queued = False
+            self._running += 1  # taken over by _run_session (no gap between the two)
+        self._run_session(trigger, counted=True)
+
+    def _run_session(self, trigger: str, counted: bool = False) -> None:
+        if not counted:
+            with self._lock:
+                self._running += 1
         try:
             self._session(trigger)
         except Exception as exc:  # noqa: BLE001
             log.error("clustering session (%s) failed: %s", trigger, exc)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def activity(self) -> dict[str, bool]:
+        """Whether a triggered session waits or a session runs: a client that wants the
+        store organized (the eval, a script) polls this in `status` until both are false.
+        `queued` is set before `trigger_session` returns and cleared only when the session
+        starts, so there is no moment in between when both read false."""
+        with self._lock:
+            return {"session_queued": self._queued, "session_running": self._running > 0}
 
     def trigger_session(self, why: str) -> None:
         """Ask for a session soon; while one is queued, further asks coalesce into it."""
-        if self.sched.get_job("session-now") is not None:
-            return
+        with self._lock:
+            if self._queued:
+                return
+            self._queued = True
         self.sched.add_job(
-            self._run_session,
+            self._run_triggered,
             "date",
             run_date=datetime.now(timezone.utc) + timedelta(milliseconds=50),
             args=[why],

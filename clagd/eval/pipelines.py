@@ -1,0 +1,134 @@
+"""The ways the eval gets memories into clagd and asks its questions.
+
+* `InProcessPipeline`: organizer + index, no store (development, quick ablations).
+* `EnginePipeline` (protocol `batch`): a fresh store, the whole conversation ingested at
+  once, one clustering session over all of it (`sample_size` raised to its size).
+* `DaemonPipeline` (protocol `stream`, `clagd.eval.stream`): a running daemon, turns
+  dropped into its inbox as they happen, organized by its own triggers.
+
+Every pipeline answers `query(text, k)` with the socket protocol's query result (a dict
+with `memories` and `tokens`) and `organization()` with counts of what organizing did.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+from clagd.config import Config
+from clagd.eval.data import Turn
+from clagd.model import Memory
+from clagd.organize.lexical import organize_all
+from clagd.retrieval.index import Index
+from clagd.text import estimate_tokens
+
+
+class Pipeline(Protocol):
+    def ingest(self, turns: list[Turn]) -> None: ...
+
+    def query(self, text: str, k: int) -> dict[str, Any]: ...
+
+    def organization(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+def line_tokens(result: dict[str, Any]) -> list[int]:
+    """Estimated tokens of each returned memory's context line, as the index counts them
+    against the budget (`[Memory · <cluster>] <content>` plus one for the newline)."""
+    return [
+        estimate_tokens(m["content"]) + estimate_tokens(f"[Memory · {m['cluster_name']}]") + 1
+        for m in result["memories"]
+    ]
+
+
+def organization_of(status: dict[str, Any]) -> dict[str, int]:
+    """What organizing did, from a `status` result (the engine's or the daemon's)."""
+    counts, counters = status["counts"], status["counters"]
+    return {
+        "sessions": int(counters.get("sessions", 0)),
+        "route_passes": int(counters.get("route_passes", 0)),
+        "routed": int(counters.get("routed", 0)),
+        "clusters": int(counts.get("clusters", 0)),
+        "unsorted": int(counts.get("unsorted", 0)),
+        "memories": int(counts.get("memories", 0)),
+    }
+
+
+class InProcessPipeline:
+    """Organizer -> clusters -> Index, without a store."""
+
+    def __init__(self, config: Config, backend: str = "none") -> None:
+        if backend != "none":
+            raise ValueError("the in-process pipeline only runs the lexical organizer")
+        self.config = config
+        self.index = Index.for_config(config)
+        self._clusters = 0
+
+    def ingest(self, turns: list[Turn]) -> None:
+        mems = list(
+            {m.id: m for m in (Memory.new(t.content, t.created_at) for t in turns)}.values()
+        )
+        clusters = organize_all(mems, self.config.session)
+        self._clusters = len(clusters)
+        self.index = Index.build(
+            {c.id: c for c in clusters}, [], self.config.retrieval, self.config.ingest
+        )
+
+    def query(self, text: str, k: int) -> dict[str, Any]:
+        return self.index.search(text, max_memories=k, token_budget=0).to_dict()
+
+    def organization(self) -> dict[str, int]:
+        return {
+            "sessions": 1,
+            "route_passes": 0,
+            "routed": 0,
+            "clusters": self._clusters,
+            "unsorted": 0,
+            "memories": len(self.index),
+        }
+
+    def close(self) -> None:
+        pass
+
+
+class EnginePipeline:
+    """Protocol `batch`: a fresh store, the engine's ingest of the whole conversation, one
+    clustering session over all of it, the engine's query (the path the socket serves)."""
+
+    def __init__(self, config: Config, backend: str = "none") -> None:
+        from clagd.engine.core import Engine
+        from clagd.engine.hooks import EngineHooks
+        from clagd.organize.session import engine_session_runner
+        from clagd.slm.manager import BackendManager
+        from clagd.store.files import init_store
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="clagd-eval-")
+        self.backend = backend
+        self.config = copy.deepcopy(config)
+        self.config.backend.kind = backend
+        root, _ = init_store(Path(self._tmp.name) / "store")
+        runner = engine_session_runner(BackendManager(self.config))
+        self.engine = Engine(
+            root, self.config, start=True, hooks=EngineHooks(session_runner=runner)
+        )
+
+    def ingest(self, turns: list[Turn]) -> None:
+        self.engine.add([{"content": t.content, "created_at": t.created_at} for t in turns])
+        # one clustering pass over the whole conversation
+        self.config.session.sample_size = max(self.config.session.sample_size, len(turns))
+        self.engine.recluster(trigger="eval", backend=self.backend)
+
+    def query(self, text: str, k: int) -> dict[str, Any]:
+        return self.engine.query(text, max_memories=k, token_budget=0)
+
+    def organization(self) -> dict[str, int]:
+        return organization_of(self.engine.status())
+
+    def close(self) -> None:
+        try:
+            self.engine.close()
+        finally:
+            self._tmp.cleanup()
