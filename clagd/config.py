@@ -92,6 +92,8 @@ class RetrievalConfig:
     freshness_weight: float = 0.1
     confidence_weight: float = 0.1
     superseded_penalty: float = 0.5
+    # hits scoring below this fraction of the best hit are dropped (0: off)
+    min_relative_score: float = 0.0
     slm_refine: bool = False
     slm_refine_candidates: int = 8
     slm_refine_timeout: float = 2.0

@@ -126,6 +126,45 @@ class _Grouping:
             dst.members.append(m)
 
 
+def _provisional(
+    memories: list[Memory], clusters: list[Cluster], home: dict[str, str], gap: float
+) -> set[str]:
+    """Sampled members of clusters that ingest routing put there, to be organized again
+    with the unsorted memories of their episode.
+
+    Routing files each new memory by topic alone into an older cluster: an episode that
+    arrives in one batch ends up scattered (its routed turns in old clusters from other
+    days, the rest unsorted), its replies lose their time neighbours, and the next session,
+    which only segments unsorted memories, never puts it back together. A routed run is
+    recognisable without any label: a later run of a cluster's members, separated from the
+    rest of the cluster by more than the episode gap. Such a run, when every member of it is
+    in the sample and it shares an episode with unsorted sampled memories, goes back to the
+    loose pool; a run without unsorted company stays where routing put it.
+    """
+    sampled = {m.id for m in memories}
+    # only clusters with a sampled member can hold a wholly sampled run (a large store has
+    # thousands of clusters and a sample of 100)
+    touched = {home[mid] for mid in sampled if mid in home}
+    runs: set[str] = set()
+    for c in clusters:
+        if c.id not in touched:
+            continue
+        ms = sorted(c.memories, key=lambda m: (_ts(m), m.id))
+        for run in _episodes(ms, gap)[1:]:
+            if all(m.id in sampled for m in run):
+                runs.update(m.id for m in run)
+    if not runs:
+        return set()
+    pool = sorted(
+        (m for m in memories if m.id in runs or m.id not in home), key=lambda m: (_ts(m), m.id)
+    )
+    out: set[str] = set()
+    for ep in _episodes(pool, gap):
+        if any(m.id not in home for m in ep):
+            out.update(m.id for m in ep if m.id in runs)
+    return out
+
+
 def organize(
     memories: list[Memory],
     clusters: list[Cluster],
@@ -138,6 +177,10 @@ def organize(
     sampled = {m.id: m for m in memories}
     corpus = TfIdf([*memories, *(m for c in clusters for m in c.memories)])
     grouping = _Grouping(clusters)
+    # 0. routed runs rejoin the unsorted memories of their episode (docs/retrieval.md)
+    for mid in _provisional(memories, clusters, grouping.home, cfg.episode_gap_minutes * 60.0):
+        g = grouping.groups[grouping.home.pop(mid)]
+        g.members = [x for x in g.members if x.id != mid]
     # 1. unsorted memories -> episodes -> continue an existing cluster, or a new one
     _place_loose(memories, grouping, corpus, cfg)
     # 2. split clusters over the size limit (only sampled members can move)

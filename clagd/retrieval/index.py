@@ -1076,7 +1076,12 @@ class Index:
         out: list[Hit] = []
         seen: set[str] = set()
         used = 0
+        # the relevance cut-off: a hit far below the best one costs a small model tokens
+        # and rarely is evidence (docs/retrieval.md, "Precision")
+        floor = self.cfg.min_relative_score * hits[0][0].score if hits else 0.0
         for h, cost in hits:
+            if h.score < floor:
+                break
             if h.memory.id in seen:
                 continue
             if budget > 0 and used + cost > budget:

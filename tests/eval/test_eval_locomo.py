@@ -4,19 +4,34 @@ from pathlib import Path
 import pytest
 from helpers import SHARED_DATA
 
+from clagd.eval.data import Turn, arrivals
 from clagd.eval.locomo import (
     conversation_turns,
     eval_command,
+    format_table,
     parse_evidence,
     parse_session_time,
     run_eval,
+    run_protocols,
 )
+from clagd.eval.metrics import Tally
 from clagd.model import memory_id
 
 DATA = SHARED_DATA / "locomo" / "locomo-dev.json"
 if not DATA.exists():
     DATA = Path("/work/shared/data/locomo/locomo-dev.json")
-KEYS = {"recall@5", "recall@10", "hit@5", "hit@10", "tokens", "p50_ms", "p99_ms"}
+KEYS = {
+    "recall@5",
+    "recall@10",
+    "hit@5",
+    "hit@10",
+    "precision@5",
+    "precision@10",
+    "tokens",
+    "wasted_tokens",
+    "p50_ms",
+    "p99_ms",
+}
 
 
 def test_parse_evidence_is_lenient():
@@ -64,7 +79,7 @@ def test_turns_carry_content_time_and_captions():
 @pytest.mark.parametrize("pipeline", ["inprocess", "engine"])
 def test_run_eval_on_a_slice(tmp_path, pipeline):
     path = _small_file(tmp_path)
-    res = run_eval(path, ks=(5, 10), progress=False, pipeline=pipeline)
+    res = run_eval(path, ks=(5, 10), progress=False, pipeline=pipeline, protocol="batch")
     for system in ("clagd", "flat_bm25", "recency"):
         assert KEYS <= set(res[system])
         assert 0.0 <= res[system]["recall@10"] <= 1.0
@@ -80,6 +95,64 @@ def test_run_eval_on_a_slice(tmp_path, pipeline):
 @pytest.mark.skipif(not DATA.exists(), reason="LoCoMo dev file not available")
 def test_eval_command_prints_json(tmp_path, capsys):
     path = _small_file(tmp_path, sessions=2, questions=4)
-    assert eval_command(str(path), "5,10", True, "none") == 0
+    assert eval_command(str(path), "5,10", True, "none", protocol="batch") == 0
     out = json.loads(capsys.readouterr().out)
     assert {"clagd", "flat_bm25", "recency", "full_tokens", "per_category"} <= set(out)
+
+
+def test_arrivals_follow_sessions_or_batches():
+    turns = [
+        Turn(f"D{s}:{i}", f"t{s}.{i}", f"2024-01-0{s}T00:00:{i:02d}Z", s)
+        for s in (1, 2)
+        for i in range(3)
+    ]
+    assert [[t.dia_id for t in g] for g in arrivals(turns)] == [
+        ["D1:0", "D1:1", "D1:2"],
+        ["D2:0", "D2:1", "D2:2"],
+    ]
+    assert [len(g) for g in arrivals(turns, 4)] == [4, 2]
+
+
+def test_precision_and_wasted_tokens():
+    t = Tally((2, 4))
+    # 4 returned, the 1st and 3rd are evidence; lines of 10, 30, 10, 50 tokens
+    t.add(["a", "x", "b", "y"], {"a", "b", "c"}, 100, 1.0, [10, 30, 10, 50])
+    s = t.summary()
+    assert s["precision@2"] == 0.5 and s["precision@4"] == 0.5
+    assert s["recall@4"] == round(2 / 3, 4)
+    assert s["wasted_tokens"] == 80.0  # 80 of the 100 line tokens are not evidence
+    t.add([], {"a"}, 0, 1.0, [])
+    assert t.summary()["precision@4"] == 0.25  # nothing returned counts as 0
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="LoCoMo dev file not available")
+def test_stream_protocol_against_a_real_daemon(tmp_path, capsys):
+    """Turns go into a running daemon's inbox session by session; its own triggers
+    organize them (a session after every 20 new memories); questions go over the socket."""
+    path = _small_file(tmp_path, sessions=3, questions=8)
+    res = run_protocols(path, ("stream", "batch"), ks=(5, 10), progress=True, max_questions=8)
+    stream, batch = res["protocols"]["stream"], res["protocols"]["batch"]
+    assert res["protocol"] == "stream" and stream["clagd"] == res["clagd"]
+    n_turns = len(conversation_turns(json.loads(path.read_text())[0]))
+    org = stream["organization"]
+    assert org["memories"] == n_turns == batch["organization"]["memories"]
+    assert org["sessions"] >= 2  # the daemon's memory-count trigger fired between arrivals
+    assert org["clusters"] > 0
+    assert batch["organization"]["sessions"] == 1
+    for r in (stream, batch):
+        assert KEYS <= set(r["clagd"]) and r["questions"] == 8
+        assert r["clagd"]["hit@10"] > 0.5
+    same = ("recall@10", "precision@10", "tokens", "wasted_tokens")
+    assert [stream["flat_bm25"][k] for k in same] == [batch["flat_bm25"][k] for k in same]
+    err = capsys.readouterr().err
+    assert "locomo stream: arrival 3/3" in err and "8/8 questions" in err
+    table = format_table(res)
+    assert "clagd stream" in table and "clagd batch" in table and "routed" in table
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="LoCoMo dev file not available")
+def test_stream_in_batches_of_n_turns(tmp_path):
+    path = _small_file(tmp_path, sessions=2, questions=3)
+    n_turns = len(conversation_turns(json.loads(path.read_text())[0]))
+    res = run_eval(path, progress=False, protocol="stream", batch=60)
+    assert res["batch"] == 60 and res["organization"]["memories"] == n_turns

@@ -17,8 +17,11 @@ def _mem(text: str, at: datetime) -> Memory:
     return Memory.new(text, created_at=at.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
+RECITAL = "piano recital stage nerves audience bow applause flowers"
+
+
 def _episode(topic: str, start: datetime, n: int) -> list[Memory]:
-    words = TOPICS[topic].split()
+    words = (TOPICS[topic] if topic in TOPICS else RECITAL).split()
     return [
         _mem(
             f"note {i} on {topic}: {words[i % len(words)]} {words[(i + 3) % len(words)]}",
@@ -120,3 +123,37 @@ def test_distinct_names_for_similar_episodes():
     clusters = organize_all(mems, SessionConfig(merge_similarity=1.01))
     assert len(clusters) == 6
     _check_names([c.name for c in clusters])
+
+
+def test_a_routed_run_goes_back_to_its_episode():
+    # ingest routed part of a new episode into an older cluster on the same topic; the rest
+    # of the episode is unsorted. The next session puts the episode back together.
+    old = _episode("piano", T0, 6)
+    cl = Cluster("c-00000000cc", "Piano Lessons", "Piano.", ["piano"], memories=list(old))
+    day = T0 + timedelta(days=3)
+    episode = _episode("recital", day, 6)
+    routed, loose = episode[:3], episode[3:]
+    cl.memories.extend(routed)
+    plan = organize(loose + routed, [cl], SessionConfig())
+    homes = {plan.assign[m.id] for m in episode}
+    assert len(homes) == 1 and homes != {cl.id}  # one cluster, not the old one
+    assert not any(m.id in plan.assign for m in old)
+
+
+def test_a_routed_run_without_unsorted_company_stays():
+    old = _episode("piano", T0, 6)
+    routed = _episode("piano", T0 + timedelta(days=3), 3)
+    cl = Cluster("c-00000000cd", "Piano Lessons", "Piano.", ["piano"], memories=old + routed)
+    plan = organize(routed, [cl], SessionConfig())
+    assert {plan.assign.get(m.id, cl.id) for m in routed} == {cl.id}
+
+
+def test_an_unsampled_member_keeps_its_run_in_place():
+    # only the members of a run the session sampled in full may move
+    old = _episode("piano", T0, 6)
+    day = T0 + timedelta(days=3)
+    episode = _episode("piano", day, 6)
+    routed, loose = episode[:3], episode[3:]
+    cl = Cluster("c-00000000ce", "Piano Lessons", "Piano.", ["piano"], memories=old + routed)
+    plan = organize(loose + routed[1:], [cl], SessionConfig())
+    assert {plan.assign.get(m.id, cl.id) for m in routed} == {cl.id}

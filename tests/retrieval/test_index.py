@@ -565,3 +565,19 @@ def test_top_equals_a_stable_argsort():
         for scores in (rng.random(n), rng.integers(0, 3, n).astype(np.float32), np.zeros(n)):
             ref = np.argsort(-scores, kind="stable")[:k]
             assert _top(scores, k).tolist() == ref.tolist()
+
+
+def test_relative_cut_off_drops_weak_hits():
+    texts = ["python packaging with uv and wheels", "the user likes tea", "the user walks"]
+    c = cluster("c-000000ee", "Notes", texts)
+    q = "python packaging for the user"
+    full = Index.build({c.id: c}, []).search(q, max_memories=5, token_budget=0)
+    assert len(full.memories) == 3
+    cut = Index.build({c.id: c}, [], RetrievalConfig(min_relative_score=0.9)).search(
+        q, max_memories=5, token_budget=0
+    )
+    best = full.memories[0].score
+    assert [h.memory.id for h in cut.memories] == [
+        h.memory.id for h in full.memories if h.score >= 0.9 * best
+    ]
+    assert 1 <= len(cut.memories) < 3 and cut.tokens < full.tokens
