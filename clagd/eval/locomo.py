@@ -178,6 +178,7 @@ def _ask(
         t0 = time.perf_counter()
         res = pipe.query(q.text, base.kmax)
         ms = (time.perf_counter() - t0) * 1000
+        pipe.settle()
         ranked = [m["id"] for m in res["memories"]]
         run.add("clagd", q.category, evidence, (ranked, int(res["tokens"]), ms, line_tokens(res)))
         run.add("flat_bm25", q.category, evidence, base.flat_bm25(q.text))

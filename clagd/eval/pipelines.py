@@ -32,6 +32,8 @@ class Pipeline(Protocol):
 
     def organization(self) -> dict[str, int]: ...
 
+    def settle(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -90,6 +92,9 @@ class InProcessPipeline:
             "memories": len(self.index),
         }
 
+    def settle(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -126,6 +131,9 @@ class EnginePipeline:
 
     def organization(self) -> dict[str, int]:
         return organization_of(self.engine.status())
+
+    def settle(self) -> None:
+        pass  # no triggers: the engine runs no scheduler
 
     def close(self) -> None:
         try:

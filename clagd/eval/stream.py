@@ -179,13 +179,13 @@ class DaemonPipeline:
                 )
 
     def query(self, text: str, k: int) -> dict[str, Any]:
-        res = self.client.query(text, max_memories=k, token_budget=0).to_dict()
-        # a query is a dialogue round; when the rounds trigger a session, the next
-        # question waits until it is done (the answer then never depends on a race)
-        st = self.client.status()
-        if not is_idle(st, self.dropped):
+        return self.client.query(text, max_memories=k, token_budget=0).to_dict()
+
+    def settle(self) -> None:
+        """A query is a dialogue round; when the rounds trigger a session, the next question
+        waits until it is done (an answer then never depends on a race). Not timed."""
+        if not is_idle(self.client.status(), self.dropped):
             self.wait_idle()
-        return res
 
     def organization(self) -> dict[str, int]:
         return organization_of(self.client.status())
