@@ -485,16 +485,17 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
 )
 @click.option("--json", "as_json", is_flag=True)
 def locomo(
-    file: str, ks: str, backend: str, protocol: str, batch_size: int | None, as_json: bool
+    file: str,
+    ks: tuple[int, ...],
+    backend: BackendKind,
+    protocol: str,
+    batch_size: int | None,
+    as_json: bool,
 ) -> None:
     """Evidence recall and precision of clagd vs flat BM25 and recency on a LoCoMo FILE."""
     from clagd.eval.locomo import eval_command
 
-    try:
-        k_list = [int(k) for k in ks.split(",") if k.strip()]
-    except ValueError:
-        raise click.BadParameter("--k takes integers like 5,10") from None
-    sys.exit(eval_command(file, k_list, as_json, backend, protocol, batch_size))
+    sys.exit(eval_command(file, ks, as_json, backend, protocol, batch_size))
 
 
 @main.command()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from rank_bm25 import BM25Okapi
 
-from clagd.config import Config
+from clagd.config import BackendKind, Config
 from clagd.eval.data import (
     CATEGORIES,
     Question,
@@ -146,7 +146,7 @@ class _Run:
 
 def _pipeline_factory(
     protocol: str, pipeline: str, batch: int | None, log: Callable[[str], None] | None
-) -> Callable[[Config, str], Pipeline]:
+) -> Callable[[Config, BackendKind], Pipeline]:
     if pipeline == "inprocess":
         return InProcessPipeline
     if protocol == "batch":
@@ -155,7 +155,7 @@ def _pipeline_factory(
         raise ValueError(f"unknown protocol {protocol!r} (stream, batch)")
     from clagd.eval.stream import DaemonPipeline
 
-    def make(config: Config, backend: str) -> Pipeline:
+    def make(config: Config, backend: BackendKind) -> Pipeline:
         return DaemonPipeline(config, backend, batch=batch, log=log)
 
     return make
@@ -190,9 +190,9 @@ def _ask(
 def _conversation(
     conv: dict[str, Any],
     qs: list[Question],
-    make: Callable[[Config, str], Pipeline],
+    make: Callable[[Config, BackendKind], Pipeline],
     config: Config,
-    backend: str,
+    backend: BackendKind,
     run: _Run,
     bar: _Progress,
 ) -> None:
@@ -237,7 +237,7 @@ def run_eval(
     session). `pipeline="inprocess"` runs organizer + index without a store instead
     (development). `max_*` take a slice (for tests).
     """
-    ks = tuple(sorted({int(k) for k in ks if int(k) > 0})) or (5, 10)
+    ks = cutoffs(ks)
     config = config or Config()
     convs = load_conversations(path)
     convs = convs[:max_conversations] if max_conversations else convs
@@ -328,14 +328,13 @@ def eval_command(
     file: str,
     ks: Sequence[int] | str = (5, 10),
     as_json: bool = False,
-    backend: str = "none",
+    backend: BackendKind = "none",
     protocol: str = "stream",
     batch: int | None = None,
 ) -> int:
     """What `clagd eval locomo FILE [--protocol stream|batch|both] [--batch N] [--k 5,10]
     [--json] [--backend ...]` runs; the exit code."""
-    if isinstance(ks, str):
-        ks = [int(x) for x in ks.split(",") if x.strip()]
+    ks = cutoffs(ks)
     protocols = PROTOCOLS if protocol == "both" else (protocol,)
     result = run_protocols(file, protocols, ks=ks, backend=backend, progress=True, batch=batch)
     if as_json:

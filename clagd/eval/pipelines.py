@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from clagd.config import Config
+from clagd.config import BackendKind, Config
 from clagd.eval.data import Turn
 from clagd.model import Memory
 from clagd.organize.lexical import organize_all
@@ -62,7 +62,7 @@ def organization_of(status: dict[str, Any]) -> dict[str, int]:
 class InProcessPipeline:
     """Organizer -> clusters -> Index, without a store."""
 
-    def __init__(self, config: Config, backend: str = "none") -> None:
+    def __init__(self, config: Config, backend: BackendKind = "none") -> None:
         if backend != "none":
             raise ValueError("the in-process pipeline only runs the lexical organizer")
         self.config = config
@@ -103,7 +103,7 @@ class EnginePipeline:
     """Protocol `batch`: a fresh store, the engine's ingest of the whole conversation, one
     clustering session over all of it, the engine's query (the path the socket serves)."""
 
-    def __init__(self, config: Config, backend: str = "none") -> None:
+    def __init__(self, config: Config, backend: BackendKind = "none") -> None:
         from clagd.engine.core import Engine
         from clagd.engine.hooks import EngineHooks
         from clagd.organize.session import engine_session_runner

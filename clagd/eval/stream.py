@@ -26,7 +26,7 @@ from typing import Any
 
 import clagd
 from clagd.client import Client, ClientError
-from clagd.config import Config
+from clagd.config import BackendKind, Config
 from clagd.errors import ClagdError
 from clagd.eval.data import Turn, arrivals
 from clagd.eval.pipelines import organization_of
@@ -61,7 +61,7 @@ class DaemonPipeline:
     def __init__(
         self,
         config: Config,
-        backend: str = "none",
+        backend: BackendKind = "none",
         batch: int | None = None,
         deadline: float = 300.0,
         log: Any = None,
