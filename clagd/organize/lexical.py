@@ -191,7 +191,14 @@ def organize(
     plan_clusters = _plan_clusters(grouping, sampled, corpus)
     refs = {pc.ref for pc in plan_clusters}
     home = grouping.home
-    assign = {mid: home[mid] for mid in sampled if home.get(mid) in refs}
+    # group by group, members in order, so applying the plan appends them in arrival order
+    assign = {
+        m.id: g.ref
+        for g in grouping.groups.values()
+        if g.ref in refs
+        for m in g.members
+        if m.id in sampled and home.get(m.id) == g.ref
+    }
     # a sampled memory of an untouched cluster cannot exist (sampled => touched)
     reason = (
         f"lexical organizer: {len(sampled)} memories into {len(plan_clusters)} clusters "
@@ -205,7 +212,9 @@ def _place_loose(
 ) -> None:
     """Unsorted memories, cut into episodes; an episode continues the cluster it follows
     closely in time and words, or starts a new one."""
-    loose = sorted((m for m in memories if m.id not in grouping.home), key=lambda m: (_ts(m), m.id))
+    # a stable sort on time alone: memories with the same created_at (a batch add) keep the
+    # order they arrived in, never an order by content hash
+    loose = sorted((m for m in memories if m.id not in grouping.home), key=_ts)
     gap = cfg.episode_gap_minutes * 60.0
     for piece in _segment(loose, cfg, corpus):
         target = None
@@ -230,7 +239,7 @@ def _split_large(
     for g in list(grouping.groups.values()):
         if len(g.members) <= cfg.max_cluster_size:
             continue
-        movable = sorted((m for m in g.members if m.id in sampled), key=lambda m: (_ts(m), m.id))
+        movable = sorted((m for m in g.members if m.id in sampled), key=_ts)
         pieces = _split(movable, cfg.target_cluster_size, cfg.min_cluster_size, corpus)
         for piece in pieces[1:]:
             if len(g.members) <= cfg.max_cluster_size:
@@ -389,7 +398,7 @@ def organize_all(
     for pc in plan.clusters:
         mems = sorted(
             (by_id[mid] for mid, ref in plan.assign.items() if ref == pc.ref),
-            key=lambda m: (_ts(m), m.id),
+            key=_ts,
         )
         if mems:
             out.append(
