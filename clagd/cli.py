@@ -333,6 +333,7 @@ def status(c: Ctx, as_json: bool) -> None:
         f"memories   {n['memories']} in {n['clusters']} clusters, {n['unsorted']} unsorted; "
         f"{n['archived_clusters']} archived clusters ({n['archived_memories']} memories)",
         f"backend    {b.get('active', 'none')} ({b.get('reason', '')})",
+        *_gate_lines(b.get("gate") or []),
         f"sessions   {s['counters']['sessions']} run, {s['counters']['sessions_accepted']} accepted, "
         f"{s['counters']['sessions_rolled_back']} rolled back, {s['counters']['sessions_fallback']} fell back"
         + (f"; last: {ls.get('status')} ({ls.get('trigger')})" if ls else ""),
@@ -342,6 +343,17 @@ def status(c: Ctx, as_json: bool) -> None:
     if s.get("outside_edit_error"):
         lines.append(f"ATTENTION  outside edit rejected: {s['outside_edit_error']}")
     click.echo("\n".join(lines))
+
+
+def _gate_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per measured model: its scores against the lexical organizer, what it may do."""
+    out = []
+    for r in results:
+        tasks = r.get("tasks") or {}
+        scores = ", ".join(f"{k} {t['model']:.2f}/{t['lexical']:.2f}" for k, t in tasks.items())
+        may = ", ".join(r.get("allowed") or []) or "nothing (lexical organizer)"
+        out.append(f"gate       {r['backend']} {r['model']}: {scores} (model/lexical); may: {may}")
+    return out
 
 
 @main.command()
@@ -446,6 +458,51 @@ def _cutoffs(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
         return cutoffs(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+@main.group()
+def backend() -> None:
+    """The SLM backends and their measured competence."""
+
+
+def _gate_text(res: Any, why: str) -> str:
+    if res is None:
+        return f"no model answers ({why}): the lexical organizer does everything"
+    lines = res.lines()
+    may = [t for t in ("route", "organize", "name", "judge") if res.allows(t)]
+    lines.append(
+        f"  may: {', '.join(may) if may else 'nothing (the lexical organizer does it all)'}"
+    )
+    return "\n".join(lines)
+
+
+@backend.command("test")
+@click.option(
+    "--kind",
+    type=click.Choice(["auto", "ollama", "openai", "llamacpp"]),
+    default=None,
+    help="the backend to measure (default: backend.kind of the store)",
+)
+@click.option("--cached", is_flag=True, help="reuse a cached verdict for this model")
+@click.option("--scenes", type=int, default=None, help="measure on the first N scenes only")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def backend_test(c: Ctx, kind: str | None, cached: bool, scenes: int | None, as_json: bool) -> None:
+    """Measure the model on the competence gate's labelled set and say what it may do."""
+    from clagd.organize.gate import test_backend
+
+    res, why = test_backend(c.store, kind, force=not cached, scenes=scenes)
+    data = res.to_dict() if res is not None else {"backend": None, "reason": why}
+    _emit(data, as_json, _gate_text(res, why))
+
+
+@main.command()
+@click.option("--kind", default=None, help="the backend to measure")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def doctor(ctx: click.Context, kind: str | None, as_json: bool) -> None:
+    """Check the model: the same as `clagd backend test`."""
+    ctx.invoke(backend_test, kind=kind, cached=False, scenes=None, as_json=as_json)
 
 
 @main.group()

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 # String settings with a fixed set of values: mypy checks them in code, and the loader takes
 # the allowed values from these same types (typing.get_args), so there is one list.
-BackendKind = Literal["auto", "ollama", "llamacpp", "none"]
+BackendKind = Literal["auto", "ollama", "openai", "llamacpp", "none"]
+ResponseFormat = Literal["auto", "json_schema", "json_object"]
 IdfMode = Literal["lucene", "okapi"]  # lucene: log(1 + (N - df + .5) / (df + .5)), never <= 0
 ObserverKind = Literal["auto", "inotify", "polling"]
 
@@ -46,6 +47,26 @@ class LlamaCppConfig:
     seed: int = 42
     max_tokens: int = 768
     timeout: float = 300.0
+    chat_format: str = ""  # empty: the GGUF's own chat template (refused when it has none)
+
+
+@dataclass
+class OpenAIConfig:
+    base_url: str = ""  # empty: OPENAI_BASE_URL, else https://api.openai.com/v1
+    model: str = ""  # empty: the first model the server lists
+    temperature: float = 0.1
+    seed: int = 42
+    max_tokens: int = 1024
+    context_tokens: int = 4096  # the server's context window (clagd cannot ask every server)
+    timeout: float = 120.0
+    response_format: ResponseFormat = "auto"  # json_object: llama-cpp-python's server
+
+
+@dataclass
+class GateConfig:
+    enabled: bool = True  # measure each model before it may organize; off: trust every model
+    margin: float = 0.05  # a model must beat the lexical organizer by this much at a task
+    timeout: float = 120.0  # seconds per gate call
 
 
 @dataclass
@@ -53,7 +74,9 @@ class BackendConfig:
     kind: BackendKind = "auto"
     recheck_seconds: float = 300.0
     ollama: OllamaConfig = field(default_factory=OllamaConfig)
+    openai: OpenAIConfig = field(default_factory=OpenAIConfig)
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 @dataclass
@@ -240,6 +263,7 @@ _COERCERS: dict[type, Callable[[object], object]] = {
 _ENV = {
     "CLAGD_BACKEND": "backend.kind",
     "CLAGD_OLLAMA_MODEL": "backend.ollama.model",
+    "CLAGD_OPENAI_MODEL": "backend.openai.model",
     "CLAGD_GGUF": "backend.llamacpp.model_path",
 }
 

@@ -49,9 +49,23 @@ class Conflict(ClagdError):
 
 
 class BackendError(ClagdError):
-    """An SLM backend failed: unreachable, timed out, missing model, bad answer."""
+    """An SLM backend failed: unreachable, timed out, missing model, bad answer.
+
+    `prompt_tokens` / `completion_tokens` are what the failed call cost when the server said
+    (an answer that did not parse still used the model), so a session can count them."""
 
     code = "backend"
+
+    def __init__(
+        self,
+        message: str,
+        code: str | None = None,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> None:
+        super().__init__(message, code)
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
 
 
 class DaemonNotRunning(ClagdError):

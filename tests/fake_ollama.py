@@ -216,7 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "created_at": "2025-01-01T00:00:00Z",
                 "message": {"role": "assistant", "content": content},
                 "done": True,
-                "done_reason": "stop",
+                "done_reason": answer.get("done_reason", "stop"),
                 "prompt_eval_count": answer.get("prompt_eval_count", len(prompt_text) // 4),
                 "eval_count": answer.get("eval_count", max(1, len(content) // 4)),
             },
@@ -237,6 +237,9 @@ class FakeOllama:
         self.models = list(models or ["qwen2.5:1.5b-instruct"])
         self.version = version
         self.script: Script = []
+        # what answers when the script is empty (a well-behaved model by default; tests put
+        # a competent stand-in here, see competent.py)
+        self.default: Callable[[dict[str, Any]], Answer] = default_answer
         self.requests: list[tuple[str, dict[str, Any] | None]] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -259,7 +262,7 @@ class FakeOllama:
 
     def next_answer(self, req: dict[str, Any]) -> Answer:
         with self._lock:
-            item = self.script.pop(0) if self.script else default_answer
+            item = self.script.pop(0) if self.script else self.default
         return item(req) if callable(item) else item
 
     def start(self) -> FakeOllama:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from clagd.model import Cluster, Memory
@@ -51,11 +52,22 @@ def _output_reserve(n_mems: int, max_new: int) -> int:
     return 40 + 10 * n_mems + 60 * max_new
 
 
-def _tokens_needed(template: str, part: list[Memory], clusters: list[Cluster]) -> int:
-    """Prompt plus answer of one call, estimated."""
+Counter = Callable[[list[dict[str, str]]], int]
+
+
+def _estimate(msgs: list[dict[str, str]]) -> int:
+    return sum(estimate_tokens(m["content"]) for m in msgs)
+
+
+def _tokens_needed(
+    template: str, part: list[Memory], clusters: list[Cluster], count: Counter | None = None
+) -> int:
+    """Prompt plus answer of one call: the prompt counted by the backend (`count`, the
+    model's own tokenizer or an estimate calibrated on the server's counts) when it can; the
+    word estimate alone undercounts real prompts by about a quarter."""
     max_new = max_new_clusters(len(part))
     msgs = organize_messages(template, part, clusters, max_new)
-    return sum(estimate_tokens(m["content"]) for m in msgs) + _output_reserve(len(part), max_new)
+    return (count or _estimate)(msgs) + _output_reserve(len(part), max_new)
 
 
 def _by_area(snap: Snapshot) -> list[Memory]:
@@ -76,7 +88,12 @@ def _by_area(snap: Snapshot) -> list[Memory]:
 
 
 def make_chunks(
-    snap: Snapshot, template: str, chunk_size: int, context_tokens: int, coarse: bool
+    snap: Snapshot,
+    template: str,
+    chunk_size: int,
+    context_tokens: int,
+    coarse: bool,
+    count: Counter | None = None,
 ) -> list[Chunk]:
     """Split the sample so that every call (prompt + answer) fits the context window.
 
@@ -90,14 +107,14 @@ def make_chunks(
     while pending:
         part = pending.pop(0)
         clusters = _candidates(part, snap, MAX_CANDIDATE_CLUSTERS)
-        need = _tokens_needed(template, part, clusters)
+        need = _tokens_needed(template, part, clusters, count)
         if need > context_tokens and len(part) > 1:
             half = len(part) // 2
             pending[:0] = [part[:half], part[half:]]
             continue
         while need > context_tokens and len(clusters) > 1:
             clusters = clusters[:-1]
-            need = _tokens_needed(template, part, clusters)
+            need = _tokens_needed(template, part, clusters, count)
         out.append(Chunk(part, clusters))
     return out
 

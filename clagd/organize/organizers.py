@@ -16,14 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clagd.config import SessionConfig
 from clagd.errors import BackendError
 from clagd.model import Memory
 from clagd.organize.chunks import Chunk, combine, make_chunks
+from clagd.organize.examples import prompt_examples
 from clagd.organize.lexical import organize
-from clagd.organize.plan import Aliases, Plan, build_schema, parse_plan
+from clagd.organize.plan import Aliases, Plan, PlanError, build_schema, parse_plan
 from clagd.organize.prompts import (
     Messages,
     load_prompt,
@@ -31,10 +32,14 @@ from clagd.organize.prompts import (
     validate_messages,
 )
 from clagd.organize.sample import Check, Snapshot
+from clagd.organize.validation import plan_junk
 from clagd.slm.base import Backend, ChatResult
 from clagd.slm.none import NoneBackend
 from clagd.slm.schema import Schema, closed_object, one_of
 from clagd.store.files import StoreState
+
+if TYPE_CHECKING:
+    from clagd.organize.gate import GateResult
 
 # a retry asks with another seed: this far from the last one
 SEED_STEP = 7919
@@ -93,12 +98,29 @@ class Organizer(Protocol):
 
 
 def organizer_for(
-    backend: Backend | None, cfg: SessionConfig, prompts_dir: Path | None = None
+    backend: Backend | None,
+    cfg: SessionConfig,
+    prompts_dir: Path | None = None,
+    gate: GateResult | None = None,
 ) -> Organizer:
-    """The organizer for a backend: the lexical one when there is no model."""
+    """The organizer for a backend: the lexical one when there is no model, or when the
+    competence gate measured that the model does not organize better than it (`gate`)."""
     if backend is None or isinstance(backend, NoneBackend):
         return LexicalOrganizer(cfg)
-    return ModelOrganizer(backend, cfg, prompts_dir)
+    if gate is not None and not gate.may_organize():
+        return LexicalOrganizer(cfg)
+    judge = gate is None or gate.allows("judge")
+    return ModelOrganizer(backend, cfg, prompts_dir, judge=judge)
+
+
+def gate_note(backend: Backend | None, gate: GateResult | None) -> list[str]:
+    """What a session says when the gate kept a model from organizing ([] otherwise)."""
+    if backend is None or gate is None or gate.may_organize():
+        return []
+    return [
+        f"competence gate: {backend.name} {backend.model} may not organize "
+        f"({gate.refused()}): lexical organizer"
+    ]
 
 
 def _present(state: StoreState, sampled: list[str]) -> list[Memory]:
@@ -145,9 +167,15 @@ class LexicalOrganizer:
 def ask(
     backend: Backend, messages: Messages, schema: Schema, seed: int, meter: Meter
 ) -> ChatResult:
-    """Ask the model once, counting the call and its tokens."""
+    """Ask the model once, counting the call and its tokens (a failed answer's too: it
+    still used the model)."""
     meter.calls += 1
-    res = backend.chat_json(messages, schema, seed=seed)
+    try:
+        res = backend.chat_json(messages, schema, seed=seed)
+    except BackendError as exc:
+        meter.prompt_tokens += exc.prompt_tokens
+        meter.completion_tokens += exc.completion_tokens
+        raise
     meter.prompt_tokens += res.prompt_tokens
     meter.completion_tokens += res.completion_tokens
     return res
@@ -160,10 +188,17 @@ class ModelOrganizer:
 
     attempts = 2
 
-    def __init__(self, backend: Backend, cfg: SessionConfig, prompts_dir: Path | None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        cfg: SessionConfig,
+        prompts_dir: Path | None,
+        judge: bool = True,
+    ) -> None:
         self.backend = backend
         self.cfg = cfg
         self.prompts_dir = prompts_dir
+        self.may_judge = judge  # the competence gate's judge task: do its yes/no count?
         self.fallback: Organizer | None = LexicalOrganizer(cfg)
         self._chunked: tuple[Snapshot, str, list[Chunk]] | None = None
 
@@ -178,7 +213,12 @@ class ModelOrganizer:
             template = load_prompt(self.prompts_dir, "organize.md")
             coarse = snap.total > cfg.coarse_threshold
             ctx = self.backend.context_tokens
-            chunks = make_chunks(snap, template, cfg.chunk_size, ctx, coarse)
+            try:
+                chunks = make_chunks(
+                    snap, template, cfg.chunk_size, ctx, coarse, self.backend.count_tokens
+                )
+            except BackendError:  # the tokenizer lives in the model's worker: estimate
+                chunks = make_chunks(snap, template, cfg.chunk_size, ctx, coarse)
             self._chunked = (snap, template, chunks)
         return self._chunked[1], self._chunked[2]
 
@@ -197,7 +237,20 @@ class ModelOrganizer:
         schema = build_schema(list(aliases.memories), list(aliases.clusters), max_new)
         msgs = organize_messages(template, chunk.memories, chunk.clusters, max_new)
         res = ask(self.backend, msgs, schema, seed, meter)
-        return parse_plan(res.data, aliases)
+        plan = parse_plan(res.data, aliases)
+        # junk, whatever the gate said: copies of the examples, loops, one cluster for all
+        lexical = organize(chunk.memories, chunk.clusters, self.cfg)
+        junk = plan_junk(
+            res.data,
+            plan,
+            prompt_examples(template),
+            chunk.memories,
+            len(set(lexical.assign.values())),
+            self.cfg,
+        )
+        if junk:
+            raise PlanError(junk)
+        return plan
 
     def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
         """Share of checked assignments judged wrong: by the SLM (yes/no) when it answers,
@@ -206,11 +259,12 @@ class ModelOrganizer:
         if not checks:
             return 0.0, []
         notes: list[str] = []
-        try:
-            verdicts = self._verdicts(checks, seed, meter)
-        except (BackendError, KeyError, TypeError) as exc:
-            verdicts = {}
-            notes.append(f"SLM validation unavailable ({exc}); lexical check only")
+        verdicts: dict[str, str] = {}
+        if self.may_judge:
+            try:
+                verdicts = self._verdicts(checks, seed, meter)
+            except (BackendError, KeyError, TypeError) as exc:
+                notes.append(f"SLM validation unavailable ({exc}); lexical check only")
         wrong = 0
         for ch in checks:
             if verdicts.get(ch.mid) == "no" or not ch.lexical_ok:

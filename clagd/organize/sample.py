@@ -14,6 +14,7 @@ from clagd.organize.similarity import cluster_terms, label_terms, terms
 from clagd.store.files import StoreState
 
 MAX_CHECKS = 20
+MIN_CHECKS = 3
 
 
 @dataclass
@@ -102,11 +103,12 @@ def lexical_ok(state: StoreState, mid: str, cid: str) -> bool:
 def pick_checks(
     state: StoreState, assign: dict[str, str], fraction: float, rng: random.Random
 ) -> list[Check]:
-    """A random `fraction` of the applied assignments (at least 1, at most `MAX_CHECKS`)."""
+    """A random `fraction` of the applied assignments (at least `MIN_CHECKS`: 10% of a
+    12-memory plan is one check, which a copying model passed; at most `MAX_CHECKS`)."""
     items = sorted(assign.items())
     if not items or fraction <= 0:
         return []
-    n = min(len(items), MAX_CHECKS, max(1, round(fraction * len(items))))
+    n = min(len(items), MAX_CHECKS, max(MIN_CHECKS, round(fraction * len(items))))
     out = []
     for mid, cid in rng.sample(items, n):
         c = state.clusters.get(cid)

@@ -28,6 +28,7 @@ fallback could be applied), noop (nothing to sample, or nothing changed).
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import time
@@ -35,12 +36,19 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from clagd.config import Config, SessionConfig
 from clagd.errors import BackendError, ClagdError, Conflict, StoreError
-from clagd.model import new_id
-from clagd.organize.organizers import SEED_STEP, Organizer, Proposal, Tag, organizer_for
+from clagd.model import Cluster, new_id
+from clagd.organize.organizers import (
+    SEED_STEP,
+    Organizer,
+    Proposal,
+    Tag,
+    gate_note,
+    organizer_for,
+)
 from clagd.organize.plan import (
     NEW_PREFIX,
     Plan,
@@ -50,12 +58,16 @@ from clagd.organize.plan import (
     size_policy,
     validate_plan,
 )
-from clagd.organize.sample import Check, Snapshot, pick_checks, take_snapshot
+from clagd.organize.sample import Check, Snapshot, lexical_ok, pick_checks, take_snapshot
+from clagd.organize.validation import retrievability, retrievability_problem
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager
 from clagd.slm.none import NoneBackend
 from clagd.store.files import Paths, StoreState
 from clagd.store.writer import WriteContext, Writer
+
+if TYPE_CHECKING:
+    from clagd.organize.gate import GateResult
 
 log = logging.getLogger("clagd.session")
 
@@ -112,6 +124,10 @@ class ApplyResult:
     invariant_problems: list[str] = field(default_factory=list)
     moved: int = 0
     checks: list[Check] = field(default_factory=list)
+    assigned: int = 0  # assignments the lexical coherence check looked at (all of them)
+    incoherent: list[str] = field(default_factory=list)
+    retrievable: tuple[float, float] = (1.0, 1.0)  # share of pseudo-queries found: before, after
+    retrieval_problem: str | None = None
 
     @property
     def commits(self) -> list[str]:
@@ -190,6 +206,8 @@ def _apply_plan_op(
         return res
     before = _all_ids(state)
     old_names = {cid: c.name for cid, c in state.clusters.items()}
+    # a model's plan (the lexical ones are not checked) is measured before and after
+    baseline = _Baseline.take(state, plan) if check_fraction > 0 else None
     applied = apply_plan(state, plan, touch=ctx)
     res.moved = applied.moved
     renamed = [
@@ -215,7 +233,41 @@ def _apply_plan_op(
         return res
     final = {mid: applied.created.get(ref, ref) for mid, ref in plan.assign.items()}
     res.checks = pick_checks(state, final, check_fraction, random.Random(seed))
+    if baseline is not None:
+        baseline.compare(state, final, sorted(applied.changed), res)
     return res
+
+
+@dataclass
+class _Baseline:
+    """The clusters before a model's plan, for the label-free checks after it: the lexical
+    coherence of every assignment, and retrievability (`organize.validation`)."""
+
+    clusters: dict[str, Cluster]
+    home: dict[str, str | None]
+
+    @classmethod
+    def take(cls, state: StoreState, plan: Plan) -> _Baseline:
+        clusters = {cid: copy.copy(c) for cid, c in state.clusters.items()}
+        for c in clusters.values():
+            c.memories = list(c.memories)
+        home: dict[str, str | None] = {}
+        for mid in plan.assign:
+            where = state.locate(mid)
+            home[mid] = where[1] if where is not None and where[0] == "cluster" else None
+        return cls(clusters, home)
+
+    def compare(
+        self, state: StoreState, final: dict[str, str], touched: list[str], res: ApplyResult
+    ) -> None:
+        res.assigned = len(final)
+        res.incoherent = [mid for mid, cid in final.items() if not lexical_ok(state, mid, cid)]
+        moved = [mid for mid, cid in final.items() if self.home.get(mid) != cid]
+        b, a, notes = retrievability(
+            self.clusters, state.clusters, moved, self.home, final, touched, 1
+        )
+        res.retrievable = (b, a)
+        res.retrieval_problem = retrievability_problem(b, a, notes)
 
 
 def _revert_op(ctx: WriteContext, sha: str, subject: str, trailers: dict[str, Any]) -> str:
@@ -262,12 +314,16 @@ def run_session(
     access: Mapping[str, int] | None = None,
     session_id: str | None = None,
     seed: int | None = None,
+    gate: GateResult | None = None,
 ) -> SessionOutcome:
     """Run one session to its end and say what happened. `backend` None (or a
-    `NoneBackend`) means the lexical organizer. Raises only for errors of the store itself
-    (the writer failing)."""
-    organizer = organizer_for(backend, config.session, prompts_dir)
-    return _Session(submit, organizer, config.session, trigger, session_id, seed).run(access)
+    `NoneBackend`) means the lexical organizer; so does a `gate` verdict that the model may
+    not organize (the outcome says why). Raises only for errors of the store itself (the
+    writer failing)."""
+    organizer = organizer_for(backend, config.session, prompts_dir, gate)
+    session = _Session(submit, organizer, config.session, trigger, session_id, seed)
+    session.out.reasons.extend(gate_note(backend, gate))
+    return session.run(access)
 
 
 class _Session:
@@ -365,11 +421,26 @@ class _Session:
             return "rejected", res
         judged = organizer.judge(res.checks, seed, out)
         if judged is not None:
-            verdict = self.keep_or_revert(res, tag, *judged)
+            verdict = self.keep_or_revert(res, tag, *self.label_free(res, *judged))
             if verdict != "kept":
                 return verdict, res
         out.moved = res.moved
         return "kept", res
+
+    def label_free(
+        self, res: ApplyResult, rate: float, notes: list[str]
+    ) -> tuple[float, list[str]]:
+        """Fold the checks that need no labels into the judged error rate: lexical coherence
+        on every assignment, and retrievability before and after."""
+        if res.assigned:
+            lexical = len(res.incoherent) / res.assigned
+            if lexical > self.cfg.max_error_rate:
+                rate = max(rate, lexical)
+                notes = [f"{len(res.incoherent)} of {res.assigned} assignments lexically "
+                         "incoherent", *notes]  # fmt: skip
+        if res.retrieval_problem:
+            rate, notes = 1.0, [res.retrieval_problem, *notes]
+        return rate, notes
 
     def keep_or_revert(self, res: ApplyResult, tag: Tag, rate: float, notes: list[str]) -> Verdict:
         """Revert an applied plan whose judged error rate is too high."""
@@ -479,6 +550,17 @@ class SessionHost(Protocol):
     def stats(self) -> _AccessCounts: ...
 
 
+def _gate(engine: SessionHost, chosen: Backend | None) -> GateResult | None:
+    """The competence gate's verdict on the chosen model: cached in .clagd/gate/, measured
+    on first use (a few calls on the shipped labelled set); None for no model, or when
+    `backend.gate.enabled` is off."""
+    if chosen is None or isinstance(chosen, NoneBackend) or not engine.config.backend.gate.enabled:
+        return None
+    from clagd.organize.gate import gate_for
+
+    return gate_for(chosen, engine.config, engine.paths.runtime / "gate", engine.paths.prompts)
+
+
 def engine_session_runner(backends: BackendManager) -> Callable[..., dict[str, Any]]:
     """The engine's `session_runner` hook: run a session on an engine with the backend the
     manager (`slm.BackendManager`) has chosen, or the one `backend` names."""
@@ -504,6 +586,7 @@ def engine_session_runner(backends: BackendManager) -> Callable[..., dict[str, A
             prompts_dir=engine.paths.prompts,
             trigger=trigger,
             access=access,
+            gate=_gate(engine, chosen),
         )
         if outcome.status in FAILED_STATUSES and outcome.asked_model:
             backends.record_failure("; ".join(outcome.reasons[-2:]))

@@ -29,6 +29,7 @@ from clagd.serve import sdnotify
 from clagd.serve.replicate import Replicator
 from clagd.serve.scheduler import Scheduler
 from clagd.serve.server import SocketServer, build_dispatcher
+from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager
 from clagd.store.files import Paths, init_store
 from clagd.store.gitrepo import GitStore
@@ -101,6 +102,26 @@ class Daemon:
         self._server_thread: threading.Thread | None = None
         self.watchdog: sdnotify.Watchdog | None = None
 
+    # -- the competence gate ------------------------------------------------------------
+    def _backend_status(self) -> dict[str, Any]:
+        """The manager's status plus every model's measured competence (`clagd status`)."""
+        from clagd.organize.gate import all_results
+
+        out = self.backends.status()
+        out["gate"] = all_results(self.paths.runtime / "gate")
+        return out
+
+    def _router(self) -> Backend | None:
+        """The backend for retrieval refinement, only when the gate measured (and cached)
+        that it routes better than the lexical router; it is never measured on a query."""
+        from clagd.organize.gate import cached
+
+        backend = self.backends.get()
+        if backend is None or not self.config.backend.gate.enabled:
+            return backend
+        verdict = cached(self.paths.runtime / "gate", backend, self.paths.prompts)
+        return backend if verdict is not None and verdict.allows("route") else None
+
     # -- start -----------------------------------------------------------------------
     def start(self) -> None:
         self.lock.acquire()
@@ -157,13 +178,13 @@ class Daemon:
         hooks = EngineHooks(
             on_threshold=self._on_threshold,
             session_runner=engine_session_runner(self.backends),
-            backend_status=self.backends.status,
+            backend_status=self._backend_status,
             status={"inbox": self._inbox_status, "activity": self._activity},
         )
         if cfg.retrieval.slm_refine:
             from clagd.retrieval.refine import Refiner
 
-            hooks.refiner = Refiner(self.backends.get, cfg.retrieval)
+            hooks.refiner = Refiner(self._router, cfg.retrieval)
             hooks.status["refine"] = hooks.refiner.status
         if cfg.replication.remote:
             self.replicator = Replicator(

@@ -23,7 +23,7 @@ from typing import Any
 
 from clagd.config import LlamaCppConfig
 from clagd.errors import BackendError
-from clagd.slm.base import ChatResult, parse_json_answer
+from clagd.slm.base import ChatResult, checked_answer
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_CRASHES = 3
@@ -170,6 +170,7 @@ class LlamaCppBackend:
         self.restarts = 0
         self._last_failure = 0.0
         self.last_error = ""
+        self.load_info: dict[str, Any] = {}
 
     @property
     def seed(self) -> int:
@@ -199,6 +200,7 @@ class LlamaCppBackend:
                     "n_ctx": self.cfg.n_ctx,
                     "n_threads": self.cfg.n_threads,
                     "seed": self.cfg.seed,
+                    "chat_format": self.cfg.chat_format,
                 },
                 timeout=max(LOAD_TIMEOUT, self.cfg.timeout),
             )
@@ -211,6 +213,7 @@ class LlamaCppBackend:
         if not reply.get("ok"):
             worker.stop()
             raise BackendError(f"llamacpp: cannot load {self.model_path}: {reply.get('error')}")
+        self.load_info = {k: reply[k] for k in ("kind", "chat_template", "n_ctx") if k in reply}
         return worker
 
     def request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -259,24 +262,34 @@ class LlamaCppBackend:
             },
             timeout,
         )
+        prompt_tokens = int(reply.get("prompt_tokens", 0))
+        completion_tokens = int(reply.get("completion_tokens", 0))
+        if not reply.get("ok"):
+            raise BackendError(
+                f"llamacpp: {reply.get('error')}",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+        raw = reply.get("content") or ""
+        data = checked_answer(
+            raw,
+            schema,
+            "llamacpp",
+            finish_reason=reply.get("finish_reason"),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            max_tokens=self.cfg.max_tokens,
+            context_tokens=int(reply.get("n_ctx") or self.cfg.n_ctx),
+        )
+        return ChatResult(data, prompt_tokens, completion_tokens, time.monotonic() - start, raw)
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """The prompt in the model's own tokens, counted by the worker with the GGUF's
+        tokenizer and chat template (starts the worker if needed)."""
+        reply = self.request({"op": "count", "messages": messages}, timeout=self.cfg.timeout)
         if not reply.get("ok"):
             raise BackendError(f"llamacpp: {reply.get('error')}")
-        raw = reply.get("content") or ""
-        try:
-            data = parse_json_answer(raw, schema, "llamacpp")
-        except BackendError as exc:
-            if reply.get("finish_reason") == "length":
-                raise BackendError(
-                    f"llamacpp: the answer was cut at max_tokens={self.cfg.max_tokens} ({exc})"
-                ) from None
-            raise
-        return ChatResult(
-            data=data,
-            prompt_tokens=int(reply.get("prompt_tokens", 0)),
-            completion_tokens=int(reply.get("completion_tokens", 0)),
-            seconds=time.monotonic() - start,
-            raw=raw,
-        )
+        return int(reply["tokens"])
 
     def close(self) -> None:
         with self._lock:

@@ -5,7 +5,8 @@ a hang kills only this process; `llamacpp.py` notices, restarts it and reports t
 Native code may print to stdout, so the protocol uses a duplicate of the original stdout and
 fd 1 is pointed at stderr before llama.cpp is imported.
 
-Requests: {"id", "op": "load", "model_path", "n_ctx", "n_threads", "seed"}
+Requests: {"id", "op": "load", "model_path", "n_ctx", "n_threads", "seed", "chat_format"}
+          {"id", "op": "count", "messages"}  (the prompt's size in the model's own tokens)
           {"id", "op": "chat", "messages", "schema", "temperature", "seed", "max_tokens"}
 Replies:  {"id", "ok": true, ...} or {"id", "ok": false, "error": "..."}
 """
@@ -14,10 +15,122 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
 from typing import Any
+
+_INSTRUCT = re.compile(r"instruct|chat|(^|[-_ .])it($|[-_ .])", re.IGNORECASE)
+_BASE = re.compile(r"(^|[-_ .])base($|[-_ .])|pretrain", re.IGNORECASE)
+MESSAGE_OVERHEAD = 8
+
+
+def model_kind(metadata: dict[str, str], path: str) -> str:
+    """instruct | base | unknown, from what the GGUF says (general.finetune, general.name,
+    general.basename) and its file name. A base model continues text: it copies the prompt's
+    examples instead of following the instructions, so clagd refuses it."""
+    said = [metadata.get(k, "") for k in ("general.finetune", "general.name", "general.basename")]
+    said.append(os.path.basename(path))
+    if any(_INSTRUCT.search(x) for x in said if x):
+        return "instruct"
+    if any(_BASE.search(x) for x in said if x):
+        return "base"
+    return "unknown"
+
+
+def _load(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    start = time.monotonic()
+    chat_format = req.get("chat_format") or None
+    llm = Llama(
+        model_path=req["model_path"],
+        n_ctx=int(req.get("n_ctx", 2048)),
+        n_threads=int(req.get("n_threads", 2)),
+        seed=int(req.get("seed", 42)),
+        chat_format=chat_format,
+        verbose=False,
+    )
+    meta = {str(k): str(v) for k, v in (llm.metadata or {}).items()}
+    template = meta.get("tokenizer.chat_template", "")
+    kind = model_kind(meta, req["model_path"])
+    name = os.path.basename(req["model_path"])
+    if not template and not chat_format:
+        # llama-cpp-python would silently use the llama-2 format ("[/INST]" leaks into plans)
+        return {
+            "ok": False,
+            "error": f"{name} has no chat template (tokenizer.chat_template); "
+            "set backend.llamacpp.chat_format if you know the model's format",
+        }
+    if kind == "base" or (kind == "unknown" and not template):
+        return {
+            "ok": False,
+            "error": f"{name} is a base model, not instruction-tuned "
+            f"(GGUF general.finetune={meta.get('general.finetune', '')!r}, "
+            f"general.name={meta.get('general.name', '')!r}); use an instruct GGUF",
+        }
+    state["llm"] = llm
+    if template:
+        eos = llm._model.token_get_text(llm.token_eos()) if llm.token_eos() >= 0 else ""
+        bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() >= 0 else ""
+        state["formatter"] = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+    return {
+        "ok": True,
+        "seconds": time.monotonic() - start,
+        "kind": kind,
+        "chat_template": "gguf" if template and not chat_format else str(chat_format),
+        "n_ctx": llm.n_ctx(),
+    }
+
+
+def _count(state: dict[str, Any], messages: list[dict[str, str]]) -> int:
+    """The prompt in the model's own tokens: the chat template applied, then tokenized."""
+    llm = state["llm"]
+    formatter = state.get("formatter")
+    if formatter is not None:
+        try:
+            prompt = formatter(messages=messages).prompt
+            return len(llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
+        except Exception:  # noqa: BLE001 - an odd template: count the messages one by one
+            pass
+    return sum(
+        len(llm.tokenize(str(m.get("content", "")).encode("utf-8"), add_bos=False))
+        + MESSAGE_OVERHEAD
+        for m in messages
+    )
+
+
+def _chat(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    llm = state["llm"]
+    n_ctx = int(llm.n_ctx())
+    prompt_tokens = _count(state, req["messages"])
+    room = n_ctx - prompt_tokens
+    if room < 16:
+        return {
+            "ok": False,
+            "error": f"the prompt ({prompt_tokens:,} tokens) leaves no room for an answer in "
+            f"the context window (n_ctx={n_ctx:,})",
+            "prompt_tokens": prompt_tokens,
+        }
+    out = llm.create_chat_completion(
+        messages=req["messages"],
+        response_format={"type": "json_object", "schema": req["schema"]},
+        temperature=float(req.get("temperature", 0.1)),
+        seed=req.get("seed"),
+        max_tokens=min(int(req.get("max_tokens", 768)), room),
+    )
+    choice = out["choices"][0]
+    usage = out.get("usage") or {}
+    return {
+        "ok": True,
+        "content": choice["message"].get("content") or "",
+        "finish_reason": choice.get("finish_reason"),
+        "prompt_tokens": int(usage.get("prompt_tokens", prompt_tokens)),
+        "completion_tokens": int(usage.get("completion_tokens", 0)),
+        "n_ctx": n_ctx,
+    }
 
 
 def _handle(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
@@ -25,37 +138,13 @@ def _handle(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
     if op == "load":
-        from llama_cpp import Llama
-
-        start = time.monotonic()
-        state["llm"] = Llama(
-            model_path=req["model_path"],
-            n_ctx=int(req.get("n_ctx", 2048)),
-            n_threads=int(req.get("n_threads", 2)),
-            seed=int(req.get("seed", 42)),
-            verbose=False,
-        )
-        return {"ok": True, "seconds": time.monotonic() - start}
+        return _load(state, req)
+    if op in ("chat", "count") and state.get("llm") is None:
+        return {"ok": False, "error": "no model loaded"}
+    if op == "count":
+        return {"ok": True, "tokens": _count(state, req["messages"])}
     if op == "chat":
-        llm = state.get("llm")
-        if llm is None:
-            return {"ok": False, "error": "no model loaded"}
-        out = llm.create_chat_completion(
-            messages=req["messages"],
-            response_format={"type": "json_object", "schema": req["schema"]},
-            temperature=float(req.get("temperature", 0.1)),
-            seed=req.get("seed"),
-            max_tokens=int(req.get("max_tokens", 768)),
-        )
-        choice = out["choices"][0]
-        usage = out.get("usage") or {}
-        return {
-            "ok": True,
-            "content": choice["message"].get("content") or "",
-            "finish_reason": choice.get("finish_reason"),
-            "prompt_tokens": int(usage.get("prompt_tokens", 0)),
-            "completion_tokens": int(usage.get("completion_tokens", 0)),
-        }
+        return _chat(state, req)
     if os.environ.get("CLAGD_WORKER_TEST_OPS") == "1":
         # Failure injection for tests: a native crash and a hang, without a model.
         if op == "crash":

@@ -40,5 +40,9 @@ class NoneBackend:
         """There is no model to ask: callers choose the lexical path instead of calling this."""
         raise BackendError("backend none has no model to ask")
 
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """No model, no tokenizer: nothing is ever sent."""
+        return 0
+
     def close(self) -> None:
         """Nothing to release."""

@@ -11,7 +11,7 @@ import ollama
 
 from clagd.config import OllamaConfig
 from clagd.errors import BackendError
-from clagd.slm.base import ChatResult, parse_json_answer
+from clagd.slm.base import ChatResult, TokenCalibration, checked_answer
 
 PROBE_TIMEOUT = 2.0
 
@@ -32,6 +32,11 @@ class OllamaBackend:
         self.context_tokens = cfg.num_ctx
         self.host = cfg.host or os.environ.get("OLLAMA_HOST", "") or "http://127.0.0.1:11434"
         self.probe_timeout = probe_timeout
+        self.tokens = TokenCalibration()
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """Ollama has no tokenize endpoint: the estimate, calibrated on `prompt_eval_count`."""
+        return self.tokens.count(messages)
 
     @property
     def seed(self) -> int:
@@ -97,14 +102,20 @@ class OllamaBackend:
             raise BackendError(f"ollama: {_short(exc)}") from None
         seconds = time.monotonic() - start
         raw = resp.message.content or ""
-        data = parse_json_answer(raw, schema, "ollama")
-        return ChatResult(
-            data=data,
-            prompt_tokens=int(resp.prompt_eval_count or 0),
-            completion_tokens=int(resp.eval_count or 0),
-            seconds=seconds,
-            raw=raw,
+        prompt_tokens = int(resp.prompt_eval_count or 0)
+        completion_tokens = int(resp.eval_count or 0)
+        self.tokens.observe(messages, prompt_tokens)
+        data = checked_answer(
+            raw,
+            schema,
+            "ollama",
+            finish_reason=getattr(resp, "done_reason", None),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            max_tokens=None,
+            context_tokens=self.cfg.num_ctx,
         )
+        return ChatResult(data, prompt_tokens, completion_tokens, seconds, raw)
 
     def close(self) -> None:
         pass

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from competent import Competent
 from fake_ollama import (
     FakeOllama,
     assigned_twice,
@@ -39,6 +40,16 @@ TEXTS = [
     "The quarterly report is due on 30 April",
     "User's manager is called Tom",
 ]
+
+REFERENCE = dict(
+    zip(
+        TEXTS,
+        ["home heating comfort"] * 2
+        + ["sister Anna"] * 2
+        + ["drinks the user likes"] * 2
+        + ["work at the office"] * 2,
+    )
+)
 
 
 @pytest.fixture
@@ -180,8 +191,12 @@ def test_lexical_backend_and_engine_runner(eng: Engine, fake: FakeOllama) -> Non
     assert out.backend == "none" and out.status in ("accepted", "noop"), out.reasons
     manager = BackendManager(eng.config)
     eng.hooks.session_runner = engine_session_runner(manager)
+    # passes the competence gate the runner applies first, then plans by this reference
+    fake.default = Competent(REFERENCE)
     result = eng.recluster(trigger="manual")
-    assert result["backend"] == "ollama" and result["status"] in ("accepted", "noop")
+    assert result["backend"] == "ollama" and result["status"] in ("accepted", "noop"), result[
+        "reasons"
+    ]
     assert eng.status()["sessions"] if "sessions" in eng.status() else True
     manager.close()
 

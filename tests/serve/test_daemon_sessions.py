@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from competent import pass_gate
 from fake_ollama import (
     FakeOllama,
     assigned_twice,
@@ -48,7 +49,8 @@ def slm_daemon(tmp_path: Path, short_tmp: Path, fake: FakeOllama) -> Iterator[In
         },
     )
     d = InProcessDaemon(root, short_tmp / "s.sock")
-    d.daemon.backends.recheck()
+    backend = d.daemon.backends.recheck()
+    pass_gate(fake, backend, d.daemon.config, root)  # the gate's calls are not the script's
     with d.client() as c:
         c.add_many([{"content": t} for t in TEXTS])
     yield d

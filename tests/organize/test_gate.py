@@ -1,0 +1,221 @@
+"""The competence gate and the junk validation, with the real `ollama` client against the
+loopback server (tests/fake_ollama.py), a real store and the real writer; the accept path
+end to end through a real daemon with a competent stand-in (tests/competent.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from competent import Competent
+from fake_ollama import FakeOllama
+from helpers import InProcessDaemon, git, head_contents, make_store
+from junk import JUNK
+
+from clagd.cli import main
+from clagd.config import Config, OllamaConfig
+from clagd.engine.core import Engine
+from clagd.organize.examples import copied, prompt_examples
+from clagd.organize.gate import GateResult, TaskScore, cache_file, gate_for
+from clagd.organize.prompts import load_prompt
+from clagd.organize.session import run_session
+from clagd.organize.validation import looping
+from clagd.slm.ollama import OllamaBackend
+
+TEXTS = {
+    "User is always cold in the evening and wears two sweaters": "home warmth",
+    "User asked where the heating switch is in the flat": "home warmth",
+    "User wants the radiator in the bedroom bled before winter": "home warmth",
+    "Anna is the user's sister and lives in Lyon": "sister Anna",
+    "Anna's birthday is on 14 June; she likes lemon cake": "sister Anna",
+    "Anna is moving flats in Lyon next month": "sister Anna",
+    "The quarterly report is due on 30 April": "quarterly report work",
+    "Tom, the user's manager, reviews the quarterly report": "quarterly report work",
+}
+LATER = {
+    "User bought a wool blanket because the living room is cold": "home warmth",
+    "Anna asked the user to help her pack boxes in Lyon": "sister Anna",
+    "Tom wants the report figures split by region": "quarterly report work",
+    "The report draft needs a chart of regional sales": "quarterly report work",
+}
+
+
+def _backend(fake: FakeOllama) -> OllamaBackend:
+    return OllamaBackend(OllamaConfig(host=fake.url, timeout=5.0))
+
+
+def test_prompt_examples_and_copy_detection() -> None:
+    ex = prompt_examples(load_prompt(None, "organize.md"))
+    assert {"user comfort at home", "user family members", "build and ci problems"} <= ex.names
+    assert len(ex.assigns) == 3
+    req = {"format": {"properties": {"assign": {"required": ["M1", "M2", "M3", "M4"]},
+           "clusters": {"items": {"properties": {"id": {"enum": ["N1", "N2"]}}}}}}}  # fmt: skip
+    answer = JUNK["copied_example"](req)["content"]
+    found = copied(answer, ex)
+    assert any("name 'user comfort at home'" in f for f in found)
+    assert any("reason" in f for f in found) and any(
+        "assignment copies example 1" in f for f in found
+    )
+    honest = {"clusters": [{"id": "N1", "name": "garden vegetables", "description": "What grows."}],
+              "assign": {"M1": "N1", "M2": "N1"}, "reason": "Both are about the garden."}  # fmt: skip
+    assert copied(honest, ex) == []
+    assert looping("she's a little baby, " * 6) and not looping("User likes tea in the afternoon.")
+
+
+def test_competent_model_passes_and_the_verdict_is_cached(store: Path, fake: FakeOllama) -> None:
+    fake.default = Competent()
+    cfg, cache = Config(), store / ".clagd" / "gate"
+    res = gate_for(_backend(fake), cfg, cache, store / "prompts")
+    assert res.may_organize() and all(res.allows(t) for t in ("route", "judge")), res.lines()
+    assert res.tasks["organize"].model == 1.0 and res.tasks["organize"].lexical < 0.9
+    assert res.calls == 6 and res.prompt_tokens > 0 and not res.copies
+    assert cache_file(cache, _backend(fake)).is_file()
+    calls = len(fake.chats)
+    assert gate_for(_backend(fake), cfg, cache, store / "prompts").key == res.key
+    assert len(fake.chats) == calls  # cached: no model call
+    with open(store / "prompts" / "organize.md", "a") as f:  # an edited prompt: measure again
+        f.write("\nKeep names short.\n")
+    gate_for(_backend(fake), cfg, cache, store / "prompts")
+    assert len(fake.chats) == calls + 6
+
+
+@pytest.mark.parametrize("kind", sorted(JUNK) + ["halves_and_yes"])
+def test_gate_refuses_junk_models(store: Path, fake: FakeOllama, kind: str) -> None:
+    if kind in JUNK:
+        fake.default = JUNK[kind]
+    res = gate_for(_backend(fake), Config(), store / ".clagd" / "gate", store / "prompts")
+    assert not res.may_organize(), res.lines()
+    assert not res.allows("route") and not res.allows("judge")  # one answer for all; yes to all
+    if kind == "copied_example":
+        assert res.copies and "copies the prompt's examples" in res.tasks["organize"].why
+
+
+@pytest.fixture
+def eng(store: Path, fake: FakeOllama) -> Iterator[Engine]:
+    e = Engine(store)
+    e.config.backend.kind = "ollama"
+    e.config.backend.ollama.host = fake.url
+    e.config.backend.ollama.timeout = 5.0
+    e.add(
+        [{"content": t, "created_at": f"2025-03-0{i + 1}T10:00:00Z"} for i, t in enumerate(TEXTS)]
+    )
+    # existing clusters (lexical), then new memories: the model is offered clusters
+    assert run_session(e.writer.submit, None, e.config, e.paths.prompts).status == "accepted"
+    e.add([{"content": t, "created_at": "2025-03-20T10:00:00Z"} for t in LATER])
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("kind", sorted(JUNK))
+def test_junk_plans_never_reach_head(eng: Engine, fake: FakeOllama, kind: str) -> None:
+    """Whatever the gate says (`run_session` is called with the model directly and its
+    yes/no verdicts count): the junk is refused and the model's plan is never kept."""
+    fake.default = JUNK[kind]
+    before_head = git(eng.root, "rev-parse", "HEAD").strip()
+    before = sorted(head_contents(eng.root))
+    out = run_session(eng.writer.submit, _backend(fake), eng.config, eng.paths.prompts)
+    assert out.status == "fallback", out.reasons
+    expect = {
+        "copied_example": "copied from the prompt's examples",
+        "looping_summary": "loops",
+        "all_in_one": "in one cluster",
+        "new_for_everything": "which has no name",
+    }[kind]
+    assert any(expect in r for r in out.reasons), out.reasons
+    assert sorted(head_contents(eng.root)) == before
+    # refused before any change: the only commits since are the lexical fallback's
+    log = git(
+        eng.root, "log", "--format=%(trailers:key=Clagd-Backend,valueonly)", f"{before_head}.."
+    )
+    assert "ollama" not in log
+    names = {c.name.casefold() for c in eng.state.clusters.values()}
+    assert not names & {"user comfort at home", "user family members", "little baby", "user notes"}
+
+
+def test_retrievability_refuses_a_scrambled_grouping(eng: Engine, fake: FakeOllama) -> None:
+    """A plan that looks fine (names, sizes) but files memories with the wrong group is
+    applied, fails the label-free checks (retrievability, lexical coherence) and is
+    reverted."""
+    groups = sorted(set(TEXTS.values()))
+    scrambled = {t: groups[i % 3] for i, t in enumerate({**TEXTS, **LATER})}
+    assert scrambled != {**TEXTS, **LATER}
+    fake.default = Competent(scrambled)
+    before = sorted(head_contents(eng.root))
+    # a gate that lets the model organize but not judge: its own verdicts do not count,
+    # only the label-free checks do
+    gate = GateResult("ollama", "m", "k", "now", tasks={
+        "organize": TaskScore(1.0, 0.4, True, ""), "name": TaskScore(1.0, 0.0, True, ""),
+        "judge": TaskScore(0.5, 0.7, False, "0.50 < 0.75 needed")})  # fmt: skip
+    out = run_session(eng.writer.submit, _backend(fake), eng.config, eng.paths.prompts, gate=gate)
+    assert out.status == "fallback", out.reasons
+    assert any("retrievability fell" in r for r in out.reasons), out.reasons
+    assert any("lexically incoherent" in r for r in out.reasons), out.reasons
+    assert sorted(head_contents(eng.root)) == before
+    assert "revert" in git(eng.root, "log", "--format=%(trailers:key=Clagd-Kind,valueonly)")
+
+
+@pytest.fixture
+def competent_daemon(
+    tmp_path: Path, short_tmp: Path, fake: FakeOllama
+) -> Iterator[InProcessDaemon]:
+    fake.default = Competent({**TEXTS, **LATER})
+    root = make_store(
+        tmp_path / "m",
+        {"backend": {"kind": "auto", "ollama": {"host": fake.url, "timeout": 5.0}},
+         "session": {"validate_fraction": 0.5}},
+    )  # fmt: skip
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    yield d
+    d.stop()
+
+
+def test_accept_path_end_to_end(competent_daemon: InProcessDaemon, fake: FakeOllama) -> None:
+    """A competent model behind the real client: measured by the gate on first use, its
+    plan accepted, committed with its trailers, shown in `clagd log` and `clagd status`."""
+    d = competent_daemon
+    with d.client() as c:
+        c.add_many([{"content": t} for t in [*TEXTS, *LATER]])
+        out = c.recluster()
+        assert out["status"] == "accepted" and out["backend"] == "ollama", out
+        names = {x["name"] for x in c.clusters()["clusters"]}
+        assert names == {"home warmth", "sister Anna", "quarterly report work"}
+        gate = c.status()["backend"]["gate"]
+    assert gate[0]["backend"] == "ollama" and gate[0]["allowed"] == [
+        "route",
+        "organize",
+        "name",
+        "judge",
+    ]
+    msg = git(d.root, "log", "-1", "--grep=^cluster: session", "--format=%B")
+    assert "Clagd-Backend: ollama" in msg and "Clagd-Status: applied" in msg
+    assert "create 'home warmth'" in msg
+    assert sorted(head_contents(d.root)) == sorted([*TEXTS, *LATER])
+    runner = CliRunner()
+    log_out = runner.invoke(main, ["--socket", str(d.socket), "log"]).output
+    assert "backend=ollama" in log_out and "accepted" in log_out or "applied" in log_out
+    status_out = runner.invoke(main, ["--socket", str(d.socket), "status"]).output
+    assert "gate       ollama qwen2.5:1.5b-instruct" in status_out
+    assert "may: route, organize, name, judge" in status_out
+
+
+def test_backend_test_command(store: Path, fake: FakeOllama) -> None:
+    with open(store / "clagd.yaml", "a") as f:
+        f.write(f"\nbackend:\n  kind: ollama\n  ollama:\n    host: {fake.url}\n")
+    runner = CliRunner()
+    fake.default = JUNK["copied_example"]
+    res = runner.invoke(main, ["--store", str(store), "backend", "test", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["backend"] == "ollama" and "organize" not in data["allowed"] and data["copies"]
+    fake.default = Competent()
+    res = runner.invoke(main, ["--store", str(store), "doctor"])
+    assert res.exit_code == 0 and "organize  model 1.00" in res.output
+    assert "may: route, organize, name, judge" in res.output
+    with open(store / "clagd.yaml", "a") as f:
+        f.write("  llamacpp:\n    model_path: /nonexistent/model.gguf\n")
+    res = runner.invoke(main, ["--store", str(store), "backend", "test", "--kind", "llamacpp"])
+    assert res.exit_code == 0 and "no model answers" in res.output, res.output
+    assert "GGUF file not found" in res.output
