@@ -74,6 +74,45 @@ def _pattern(assign: Mapping[str, str], keys: list[str]) -> list[int]:
     return [seen.setdefault(assign[k], len(seen)) for k in keys]
 
 
+def _near(text: str, ex: Examples) -> bool:
+    return any(_norm(text) == _norm(t) or _jaccard(text, t) >= NEAR_COPY for t in ex.texts)
+
+
+def _copied_texts(data: Mapping[str, Any], ex: Examples) -> list[str]:
+    out: list[str] = []
+    for c in data.get("clusters") or []:
+        if not isinstance(c, Mapping):
+            continue
+        name = _norm(str(c.get("name", "")))
+        if name and name in ex.names:
+            out.append(f"name {c.get('name')!r} is copied from the prompt's examples")
+        desc = str(c.get("description") or "")
+        if desc and _near(desc, ex):
+            out.append(f"description {desc[:60]!r} is copied from the prompt's examples")
+    reason = str(data.get("reason") or "")
+    if reason and _near(reason, ex):
+        out.append(f"reason {reason[:60]!r} is copied from the prompt's examples")
+    return out
+
+
+def _copied_assign(
+    assign: Mapping[str, Any], ex: Examples, reference: Mapping[str, Any] | None
+) -> list[str]:
+    out: list[str] = []
+    for i, pattern in enumerate(ex.assigns, 1):
+        keys = list(pattern)
+        if len(set(pattern.values())) < 2 or any(assign.get(k) != pattern[k] for k in keys):
+            continue
+        whole = set(assign) == set(keys)
+        wrong = False
+        if reference is not None and all(k in reference for k in keys):
+            truth = {k: str(reference[k]) for k in keys}
+            wrong = _pattern(pattern, keys) != _pattern(truth, keys)
+        if whole or wrong:
+            out.append(f"the assignment copies example {i} ({', '.join(keys)})")
+    return out
+
+
 def copied(
     data: Mapping[str, Any],
     ex: Examples,
@@ -86,35 +125,8 @@ def copied(
     when that is the whole answer, or - with labels (`reference`: alias -> true group, the
     gate's case) - when the true grouping of those memories is a different one.
     """
-    out: list[str] = []
-    for c in data.get("clusters") or []:
-        if not isinstance(c, Mapping):
-            continue
-        name = _norm(str(c.get("name", "")))
-        if name and name in ex.names:
-            out.append(f"name {c.get('name')!r} is copied from the prompt's examples")
-        desc = str(c.get("description") or "")
-        if desc and any(
-            _norm(desc) == _norm(t) or _jaccard(desc, t) >= NEAR_COPY for t in ex.texts
-        ):
-            out.append(f"description {desc[:60]!r} is copied from the prompt's examples")
-    reason = str(data.get("reason") or "")
-    if reason and any(
-        _norm(reason) == _norm(t) or _jaccard(reason, t) >= NEAR_COPY for t in ex.texts
-    ):
-        out.append(f"reason {reason[:60]!r} is copied from the prompt's examples")
+    out = _copied_texts(data, ex)
     assign = data.get("assign")
     if isinstance(assign, Mapping):
-        for i, pattern in enumerate(ex.assigns, 1):
-            keys = list(pattern)
-            if len(set(pattern.values())) < 2 or not all(assign.get(k) == pattern[k] for k in keys):
-                continue
-            whole = set(assign) == set(keys)
-            wrong = reference is not None and all(k in reference for k in keys)
-            if wrong and reference is not None:
-                wrong = _pattern(pattern, keys) != _pattern(
-                    {k: str(reference[k]) for k in keys}, keys
-                )
-            if whole or wrong:
-                out.append(f"the assignment copies example {i} ({', '.join(keys)})")
+        out += _copied_assign(assign, ex, reference)
     return out
