@@ -1,13 +1,21 @@
-"""Clustering sessions per available backend: wall time, tokens, accepted vs rolled back.
+"""Per backend: the competence gate's verdict and cost per task, then clustering sessions
+(wall time, tokens, accepted vs rolled back).
 
     python benchmarks/bench_sessions.py [--sessions 3] [--memories 12] [--backends none,llamacpp,ollama]
+                                        [--no-gate]
+
+The gate (clagd/organize/gate.py) is measured once per backend: per task (route, organize,
+judge) the model's score against the lexical organizer's, allowed or refused, calls,
+seconds and tokens. The sessions are then run with the model directly (not gated), so the
+table shows what its plans would do; with the gate on, a refused model never gets there.
 
 Each session runs on a fresh store (a real git repo in a temp folder) holding `--memories`
 dialogue turns of one LoCoMo conversation (../shared/data/locomo/locomo-dev.json, falling back
 to built-in sentences). Backends: `none` (lexical organizer); `llamacpp` when llama-cpp-python
 and a GGUF are installed; `ollama` against a real server when one answers with the model,
-otherwise against the scripted loopback fake (tests/fake_ollama.py), which measures clagd's
-own overhead only, and says so.
+otherwise against the loopback fake (tests/fake_ollama.py) answering as the competent
+stand-in (tests/competent.py: plans from a reference grouping), which measures clagd's own
+overhead only, and says so.
 """
 
 from __future__ import annotations
@@ -60,7 +68,24 @@ def memories(n: int, offset: int) -> list[dict]:
     return [{"content": t} for t in (FALLBACK_TEXTS * (n // len(FALLBACK_TEXTS) + 1))[:n]]
 
 
-def bench(name: str, make_backend, sessions: int, n: int, note: str = "") -> dict:
+def gate(make_backend) -> dict | None:  # noqa: ANN001
+    """The gate's verdict and per-task cost for one backend (None for `none`)."""
+    from clagd.organize.gate import measure
+
+    cfg = load_config(None, env={})
+    backend = make_backend(cfg)
+    if backend is None:
+        return None
+    try:
+        return measure(backend, None, cfg.backend.gate.margin, cfg=cfg.session).to_dict()
+    finally:
+        backend.close()
+
+
+def bench(
+    name: str, make_backend, sessions: int, n: int, note: str = "", use_gate: bool = True
+) -> dict:  # noqa: E501
+    verdict = gate(make_backend) if use_gate else None
     rows = []
     for i in range(sessions):
         with tempfile.TemporaryDirectory() as tmp:
@@ -94,8 +119,26 @@ def bench(name: str, make_backend, sessions: int, n: int, note: str = "") -> dic
         / len(rows),
         "statuses": statuses,
         "reasons": [o.reasons[:2] for _t, o in rows if o.status != "accepted"],
+        "gate": verdict,
     }
     return res
+
+
+def print_gate(r: dict) -> None:
+    g = r.get("gate")
+    if not g:
+        return
+    print(f"\ngate: {r['backend']} {g['model']}: {g['seconds']:.0f} s, {g['calls']} calls, "
+          f"{g['prompt_tokens']} prompt + {g['completion_tokens']} completion tokens")  # fmt: skip
+    for task, t in g["tasks"].items():
+        cost = g["cost"].get("organize" if task == "name" else task, {})
+        print(
+            f"  {task:<9} model {t['model']:.2f}  lexical {t['lexical']:.2f}  "
+            f"{'allowed' if t['allowed'] else 'refused':<8} {cost.get('seconds', 0):>7.1f} s "
+            f"{cost.get('prompt_tokens', 0):>7} + {cost.get('completion_tokens', 0):<6} tok  {t['why']}"
+        )
+    for c in g["copies"][:3]:
+        print(f"  copied: {c}")
 
 
 def main() -> None:
@@ -104,7 +147,9 @@ def main() -> None:
     ap.add_argument("--memories", type=int, default=12)
     ap.add_argument("--backends", default="none,llamacpp,ollama")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-gate", action="store_true", help="skip the competence gate")
     args = ap.parse_args()
+    g = not args.no_gate
     wanted = args.backends.split(",")
     results = []
     if "none" in wanted:
@@ -119,6 +164,7 @@ def main() -> None:
                     lambda cfg: LlamaCppBackend(cfg.backend.llamacpp),
                     args.sessions,
                     args.memories,
+                    use_gate=g,
                 )
             )
         else:
@@ -133,19 +179,25 @@ def main() -> None:
                     lambda cfg: OllamaBackend(cfg.backend.ollama),
                     args.sessions,
                     args.memories,
+                    use_gate=g,
                 )
             )
         else:
+            from competent import Competent
             from fake_ollama import FakeOllama
 
             print(f"ollama: no real server ({why}); measuring against the loopback fake")
             with FakeOllama() as srv:
+                srv.default = Competent({m["content"]: "conversation notes" for m in
+                                         memories(args.memories * args.sessions, 0)})  # fmt: skip
 
                 def make(cfg):  # noqa: ANN001
                     cfg.backend.ollama.host = srv.url
                     return OllamaBackend(cfg.backend.ollama)
 
-                results.append(bench("ollama", make, args.sessions, args.memories, "fake server"))
+                results.append(
+                    bench("ollama", make, args.sessions, args.memories, "fake server", g)
+                )
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -162,6 +214,8 @@ def main() -> None:
     for r in results:
         for reasons in r["reasons"]:
             print(f"  {r['backend']}: {'; '.join(reasons)[:300]}")
+    for r in results:
+        print_gate(r)
 
 
 if __name__ == "__main__":

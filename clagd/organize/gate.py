@@ -191,6 +191,8 @@ class GateResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    # per task: calls, seconds, prompt_tokens, completion_tokens (for benchmarks and status)
+    cost: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def allows(self, task: str) -> bool:
         t = self.tasks.get(task)
@@ -240,18 +242,30 @@ class _Meter:
 
     def __init__(self, backend: Backend, result: GateResult, timeout: float | None) -> None:
         self.backend, self.result, self.timeout = backend, result, timeout
+        self.task = ""
+
+    def _count(self, seconds: float, prompt: int, completion: int) -> None:
+        r = self.result
+        r.calls += 1
+        r.prompt_tokens += prompt
+        r.completion_tokens += completion
+        c = r.cost.setdefault(
+            self.task, {"calls": 0, "seconds": 0.0, "prompt_tokens": 0, "completion_tokens": 0}
+        )
+        c["calls"] += 1
+        c["seconds"] = round(c["seconds"] + seconds, 2)
+        c["prompt_tokens"] += prompt
+        c["completion_tokens"] += completion
 
     def call(self, msgs: list[dict[str, str]], schema: dict[str, Any]) -> dict[str, Any] | None:
-        self.result.calls += 1
+        start = time.monotonic()
         try:
             res = self.backend.chat_json(msgs, schema, seed=42, timeout=self.timeout)
         except BackendError as exc:
-            self.result.prompt_tokens += exc.prompt_tokens
-            self.result.completion_tokens += exc.completion_tokens
+            self._count(time.monotonic() - start, exc.prompt_tokens, exc.completion_tokens)
             self.result.errors.append(str(exc)[:200])
             return None
-        self.result.prompt_tokens += res.prompt_tokens
-        self.result.completion_tokens += res.completion_tokens
+        self._count(time.monotonic() - start, res.prompt_tokens, res.completion_tokens)
         return res.data
 
 
@@ -459,8 +473,11 @@ def measure(
     meter = _Meter(backend, result, timeout)
     routes, plans, judges = [], [], []
     for scene in picked:
+        meter.task = "route"
         routes.append(_route(meter, scene))
+        meter.task = "organize"  # the plan call: its names are scored as well
         plans.append(_plan(meter, scene, organize_t, cfg or SessionConfig()))
+        meter.task = "judge"
         judges.append(_judge(meter, scene, validate_t))
     for p in plans:
         result.copies += p.copies
