@@ -173,6 +173,7 @@ def test_gate_refuses_smollm2_and_auto_organizes_lexically(
     store_result(root / ".clagd" / "gate", backend, verdict)
     d = InProcessDaemon(root, short_tmp / "s.sock")
     try:
+        d.daemon.backends.recheck()  # the first check, without waiting for the scheduler
         with d.client() as c:
             c.add_many([{"content": f"note {i} about the garden and tomatoes"} for i in range(6)])
             status = c.status()
