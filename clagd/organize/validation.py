@@ -118,11 +118,12 @@ class _Ranker:
         return 1 + sum(1 for c, s in scores.items() if s > mine)
 
 
-def distinctive(m: Memory, df: Mapping[str, int], k: int = QUERY_TERMS) -> list[str]:
+def distinctive(m: Memory, df: Mapping[str, int], common: int, k: int = QUERY_TERMS) -> list[str]:
     """The memory's `k` rarest terms that other memories share too: what a query about its
-    topic would contain (a term no other memory has finds the memory wherever it is filed,
-    so it says nothing about the grouping)."""
-    terms = [t for t in set(tokenize(m.content)) if df.get(t, 0) >= 2]
+    topic would contain. A term no other memory has finds the memory wherever it is filed,
+    and a term in more than `common` memories ("user") finds everything: neither says
+    anything about the grouping. [] when the memory has no such term (it is not asked)."""
+    terms = [t for t in set(tokenize(m.content)) if 2 <= df.get(t, 0) <= common]
     return sorted(terms, key=lambda t: (df.get(t, 0), t))[:k]
 
 
@@ -145,9 +146,12 @@ def retrievability(
     profile query of each new or changed cluster (the rarest terms its members share) must
     find that cluster within `top` after the change."""
     df: Counter[str] = Counter()
+    n = 0
     for c in after.values():
         for m in c.memories:
             df.update(set(tokenize(m.content)))
+            n += 1
+    common = max(2, n // 2)
     rb, ra = _Ranker.of(before), _Ranker.of(after)
     was: list[bool] = []
     now: list[bool] = []
@@ -157,7 +161,7 @@ def retrievability(
         mem = by_id.get(mid)
         if mem is None:
             continue
-        q = distinctive(mem, df)
+        q = distinctive(mem, df, common)
         if not q:
             continue
         old = home_before.get(mid)
@@ -174,8 +178,11 @@ def retrievability(
         # the profile's pseudo-query: the rarest terms several of its members share (or
         # the rarest of its one member): what a query about this cluster would contain
         counts: Counter[str] = Counter(t for m in cl.memories for t in set(tokenize(m.content)))
+        counts = Counter({t: k for t, k in counts.items() if df.get(t, 0) <= common})
         shared = [t for t, k in counts.items() if k >= 2] or list(counts)
         q = sorted(shared, key=lambda t: (df.get(t, 0), t))[:QUERY_TERMS]
+        if not q:
+            continue
         r = ra.rank(q, cid)
         now.append(r is not None and r <= top)
         if not now[-1]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from competent import Competent, pass_gate
 from fake_ollama import FakeOllama, delay, http_error, invalid_json
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
@@ -57,12 +58,16 @@ def _ingests_and_serves(d: InProcessDaemon, tag: str) -> None:
 # -- SLM faults ---------------------------------------------------------------------------
 
 
-def _slm_daemon(tmp_path: Path, short_tmp: Path, host: str, timeout: float = 1.0):
+def _slm_daemon(
+    tmp_path: Path, short_tmp: Path, host: str, timeout: float = 1.0, fake: FakeOllama | None = None
+):
     store = make_store(
         tmp_path / "memory",
         {"backend": {"kind": "ollama", "ollama": {"host": host, "timeout": timeout}}},
     )
     d = InProcessDaemon(store, short_tmp / "s.sock")
+    if fake is not None:  # the model passed the competence gate before it started failing
+        pass_gate(fake, d.daemon.backends.recheck(), d.daemon.config, store)
     with d.client() as c:
         c.add_many([{"content": t} for t in TEXTS])
     return d
@@ -108,7 +113,7 @@ BAD = {
 def test_failing_model_falls_back_and_says_so(
     tmp_path: Path, short_tmp: Path, fake: FakeOllama, kind: str
 ) -> None:
-    d = _slm_daemon(tmp_path, short_tmp, fake.url, timeout=0.5)
+    d = _slm_daemon(tmp_path, short_tmp, fake.url, timeout=0.5, fake=fake)
     try:
         fake.script += [BAD[kind](), BAD[kind]()]
         with d.client(timeout=60) as c:
@@ -133,9 +138,13 @@ def test_failing_model_falls_back_and_says_so(
 def test_slow_model_within_its_timeout_is_used(
     tmp_path: Path, short_tmp: Path, fake: FakeOllama
 ) -> None:
-    d = _slm_daemon(tmp_path, short_tmp, fake.url, timeout=5.0)
+    d = _slm_daemon(tmp_path, short_tmp, fake.url, timeout=5.0, fake=fake)
     try:
-        fake.script += [delay(1.0)]
+        # a sound plan (grouped as a person would), one second late
+        competent = Competent(dict(zip(TEXTS, ["home heating"] * 2 + ["sister Anna"] * 2
+                                                + ["drinks the user likes"] * 2)))  # fmt: skip
+        fake.default = competent
+        fake.script += [lambda req: {**competent(req), "delay": 1.0}]
         with d.client(timeout=60) as c:
             t0 = time.monotonic()
             q = c.query("where is the heating switch")  # not blocked by the session
