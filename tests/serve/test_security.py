@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from competent import pass_gate
 from fake_ollama import FakeOllama, _plan
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
@@ -211,6 +212,9 @@ def test_memory_text_stays_literal_everywhere(
     (inbox / "d.yaml").write_text(yaml.safe_dump({"content": LITERALS[3]}))
     d = InProcessDaemon(store, short_tmp / "s.sock")
     try:
+        # the model passed the competence gate, so the session asks it for a plan
+        pass_gate(fake, d.daemon.backends.recheck(), d.daemon.config, store)
+        gate_calls = len(fake.chats)
         wait_for(lambda: not any(p.is_file() for p in inbox.iterdir()), 20, "ingest")
         assert sorted(head_contents(store)) == sorted(LITERALS)
         with d.client(timeout=60) as c:
@@ -222,7 +226,7 @@ def test_memory_text_stays_literal_everywhere(
             md = next(m for m in q.memories if m.content == LITERALS[1])
             assert md.metadata.get("source") == "$(id)"
             c.call("recluster")
-        prompt = " ".join(str(m["content"]) for m in fake.chats[0]["messages"])
+        prompt = " ".join(str(m["content"]) for m in fake.chats[gate_calls]["messages"])
         for text in LITERALS:
             assert " ".join(text.split())[:60] in prompt
     finally:
