@@ -86,8 +86,29 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ClagdError as exc:
-            click.echo(f"clagd: {exc}", err=True)
+            msg = str(exc)
+            if exc.code == "not_running" and isinstance(ctx.obj, Ctx):
+                msg = _not_running_message(ctx.obj.store, msg)
+            click.echo(f"clagd: {msg}", err=True)
             sys.exit(_EXIT_BY_CODE.get(exc.code or "", EXIT_ERROR))
+        except OSError as exc:  # e.g. a store of another user: one line, not a traceback
+            click.echo(f"clagd: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            sys.exit(EXIT_ERROR)
+
+
+def _not_running_message(store: Path, msg: str) -> str:
+    """ "Not running" only when it is true: a daemon holding the store's lock is running,
+    though its socket does not answer (deleted: it re-creates it within seconds)."""
+    from clagd.serve.daemon import lock_holder
+
+    pid = lock_holder(store)
+    if pid is None:
+        return msg
+    return (
+        f"a clagd daemon (pid {pid}) is running on {store} but does not answer at its socket "
+        f"({msg}); it re-creates a deleted socket within seconds: try again, or stop it with "
+        f"kill {pid}"
+    )
 
 
 @click.group(cls=_Group, epilog=EPILOG)
@@ -342,6 +363,7 @@ def status(c: Ctx, as_json: bool) -> None:
     ]
     if s.get("outside_edit_error"):
         lines.append(f"ATTENTION  outside edit rejected: {s['outside_edit_error']}")
+    lines += _attention(s)
     click.echo("\n".join(lines))
 
 
@@ -353,6 +375,31 @@ def _gate_lines(results: list[dict[str, Any]]) -> list[str]:
         scores = ", ".join(f"{k} {t['model']:.2f}/{t['lexical']:.2f}" for k, t in tasks.items())
         may = ", ".join(r.get("allowed") or []) or "nothing (lexical organizer)"
         out.append(f"gate       {r['backend']} {r['model']}: {scores} (model/lexical); may: {may}")
+    return out
+
+
+def _attention(s: dict[str, Any]) -> list[str]:
+    """What the person should know: paused writes, history rewrites that removed memories,
+    a store others can read, ignored files, a changed configuration."""
+    out = []
+    if s.get("paused"):
+        out.append(f"PAUSED     {s['paused']}")
+    h = s.get("history") or {}
+    if h.get("memories_removed"):
+        last = (h.get("last") or [{}])[-1]
+        out.append(
+            f"HISTORY    {h['memories_removed']} memories left HEAD in {h['events']} outside "
+            f"move(s) of the branch; last: {last.get('removed')} {last.get('where', '')}"
+        )
+    for w in (s.get("privacy") or {}).get("warnings", []):
+        out.append(f"PRIVACY    {w}")
+    if s.get("ignored_files"):
+        out.append(f"IGNORED    {', '.join(s['ignored_files'][:5])} (not memory files)")
+    cfg = s.get("config") or {}
+    if cfg.get("error"):
+        out.append(f"CONFIG     {cfg['error']}")
+    if cfg.get("restart_needed"):
+        out.append(f"CONFIG     restart needed for {', '.join(cfg['restart_needed'])}")
     return out
 
 
@@ -387,6 +434,11 @@ def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
         )
         rows.append(
             f"{e['commit'][:10]} {e['date'][:19]} {e['kind']:<8} {e['subject']}{'  ' + extra if extra else ''}"
+        )
+    for h in res.get("history", []):  # outside moves of the branch that removed memories
+        rows.append(
+            f"{str(h.get('to'))[:10]} {h.get('at', '')[:19]} {h.get('kind', ''):<8} "
+            f"{h.get('removed')} memories left HEAD (noticed {h.get('noticed')}); {h.get('where')}"
         )
     _emit(res, as_json, "\n".join(rows) or "(no history)")
 

@@ -139,6 +139,8 @@ class InboxConfig:
     rescan_seconds: float = 2.0
     observer: ObserverKind = "auto"
     max_batch: int = 5000
+    # inotify: a file open longer than this is read by the settle rule (listed in status)
+    open_max_seconds: float = 3600.0
 
 
 @dataclass
@@ -165,6 +167,12 @@ class ReplicationConfig:
 
 
 @dataclass
+class GitConfig:
+    # the branch the daemon commits on; empty: the one the store was created with
+    branch: str = ""
+
+
+@dataclass
 class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -174,6 +182,7 @@ class Config:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    git: GitConfig = field(default_factory=GitConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -275,7 +284,7 @@ def load_config(store: Path | None = None, env: dict[str, str] | None = None) ->
         path = Path(store) / "clagd.yaml"
         if path.exists():
             try:
-                data = load_yaml_file(path)
+                data = load_yaml_file(path, unique_keys=True)
             except YamlError as exc:
                 raise ConfigError(f"{path}: {exc}") from None
             if data is not None:
@@ -288,4 +297,7 @@ def load_config(store: Path | None = None, env: dict[str, str] | None = None) ->
             for part in reversed(section.split(".")):
                 nested = {part: nested}
             _fill(cfg, nested, "", f"environment {var}")
+    from clagd.config_checks import check_config
+
+    check_config(cfg, str(Path(store) / "clagd.yaml") if store is not None else "defaults")
     return cfg

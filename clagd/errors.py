@@ -26,6 +26,20 @@ class StoreError(ClagdError):
     code = "store"
 
 
+class HeadMoved(ClagdError):
+    """The daemon's branch moved (a reset, rebase, amend, a person's commit) between the
+    daemon's last load and its commit: the commit was not made; reload and retry."""
+
+    code = "conflict"
+
+
+class Paused(ClagdError):
+    """Writes wait: the store's git is busy with something of the person's (detached HEAD,
+    another branch, a merge or rebase in progress). The message says how to resume."""
+
+    code = "paused"
+
+
 class StoreLocked(StoreError):
     code = "locked"
 

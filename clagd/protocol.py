@@ -146,22 +146,35 @@ def find_socket_path(store: str | os.PathLike[str], env: Mapping[str, str] | Non
 def prepare_socket_dir(path: str | os.PathLike[str]) -> None:
     """Create the socket's directory (mode 0700) before binding; refuse a foreign one.
 
-    For the shared fallbacks (`/tmp/clagd-<uid>`, `$XDG_RUNTIME_DIR/clagd`) the directory
-    must belong to us and not be writable by others, or another user could plant a socket.
+    Only a directory clagd owns is ever chmodded: the store's `.clagd/`, one it creates
+    here, or its own fallbacks (`/tmp/clagd-<uid>`, `$XDG_RUNTIME_DIR/clagd`), which must
+    belong to us and not be open to others, or another user could plant a socket. A
+    configured socket in any other directory (`server.socket: ../x.sock`) leaves that
+    directory's mode alone; one that others may write into without the sticky bit (they
+    could replace the socket) is refused.
     """
     directory = Path(path).parent
+    created = not directory.exists()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = directory.lstat()
     if not stat.S_ISDIR(st.st_mode):
         raise errors.StoreError(f"{directory}: not a directory (socket directory)")
     if directory.name == ".clagd":
         return
-    if st.st_uid != os.getuid():
+    ours = created or directory.name == "clagd" or directory.name.startswith("clagd-")
+    if st.st_uid != os.getuid() and ours:
         raise errors.StoreError(
             f"{directory}: owned by uid {st.st_uid}, not by us; refusing to put the socket there"
         )
-    if st.st_mode & 0o077:
-        os.chmod(directory, 0o700)
+    if ours:
+        if st.st_mode & 0o077:
+            os.chmod(directory, 0o700)
+        return
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise errors.StoreError(
+            f"{directory}: other users may write there (and replace the socket); "
+            "choose a private directory for server.socket"
+        )
 
 
 # --------------------------------------------------------------------------- replies

@@ -35,6 +35,7 @@ class _FastLoader(_Loader):
     a node shared through an alias would be built twice here."""
 
     _tag_cache: dict[str, str] = {}
+    unique_keys = False  # True: a key given twice in one mapping is an error
 
     def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
         # the implicit tag of a plain scalar depends only on its text: cache the short ones
@@ -84,6 +85,13 @@ class _FastLoader(_Loader):
                         "found unhashable key",
                         key_node.start_mark,
                     ) from None
+                if self.unique_keys and key in out:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found the key {key!r} twice",
+                        key_node.start_mark,
+                    )
                 out[key] = build(value_node)
             return out
         return self.construct_object(node, deep=True)
@@ -98,12 +106,19 @@ def _check_no_alias(text: str) -> None:
             raise YamlError(f"YAML aliases are not accepted (line {line})")
 
 
-def loads(text: str) -> Any:
-    """Parse YAML with the safe loader; aliases are refused (YamlError)."""
+class _UniqueKeyLoader(_FastLoader):
+    unique_keys = True
+
+
+def loads(text: str, unique_keys: bool = False) -> Any:
+    """Parse YAML with the safe loader; aliases are refused (YamlError). `unique_keys`: a
+    key twice in one mapping is an error (for configuration, where "the last one wins"
+    would silently ignore a setting)."""
     try:
         if "*" in text:
             _check_no_alias(text)
-        return yaml.load(text, Loader=_FastLoader)  # noqa: S506 - a safe loader
+        loader = _UniqueKeyLoader if unique_keys else _FastLoader
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise YamlError(" ".join(str(exc).split())) from None
     except RecursionError:
@@ -123,9 +138,9 @@ def dumps(data: Any) -> str:
     )
 
 
-def load_yaml_file(path: Path) -> Any:
+def load_yaml_file(path: Path, unique_keys: bool = False) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise YamlError(f"not UTF-8: {exc}") from None
-    return loads(text)
+    return loads(text, unique_keys=unique_keys)

@@ -26,13 +26,13 @@ from clagd.engine.recovery import recover
 from clagd.engine.routing import RouteQueue
 from clagd.engine.stats import AccessStats
 from clagd.engine.warmstart import WarmStart
-from clagd.errors import BadRequest, Conflict, StoreError
+from clagd.errors import BadRequest, Conflict, Paused, StoreError
 from clagd.ingest.batch import IngestResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
 from clagd.model import Memory, iso_utc
 from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
-from clagd.store.files import Paths, StoreState, is_store
+from clagd.store.files import Paths, StoreState, ignored_files, is_store
 from clagd.store.gitrepo import GitStore
 from clagd.store.writer import Changes, WriteContext, Writer
 
@@ -51,7 +51,7 @@ class Engine:
         self._open(root)
         self.config = config or load_config(self.root)
         self.hooks = hooks or EngineHooks()
-        self.git = GitStore(self.root)
+        self.git = GitStore(self.root, self.config.git.branch)
         self.started_at = time.time()
         self.notes: list[str] = recover(self.git, self.paths)
         state = self._load()
@@ -152,11 +152,13 @@ class Engine:
     # -- publishing index snapshots (runs on the writer thread) ---------------------------
     def _on_change(self, changes: Changes, state: StoreState) -> None:
         structural = changes.upsert_clusters or changes.remove_clusters
+        if changes.full or changes.reloaded:
+            # taken in from outside: memories may have left, and must not stay "known"
+            self.known = state.memory_ids()
         if changes.full:
             self.index = Index.build(
                 state.clusters, state.unsorted_memories(), self.config.retrieval, self.config.ingest
             )
-            self.known = state.memory_ids()
         elif structural or changes.add_unsorted or changes.remove_unsorted:
             self.index = self.index.apply(
                 upsert_clusters=changes.upsert_clusters,
@@ -361,6 +363,14 @@ class Engine:
             "last_session": self.last_session,
             "outside_edit_error": self.outside.error,
             "recovery": self.notes,
+            "branch": self.git.branch,
+            "paused": self.writer.paused or self.git.pause_reason(locks=False) or "",
+            "ignored_files": ignored_files(self.root),
+            "history": {
+                **self.writer.history.summary(),
+                "outside_moves": self.writer.outside_moves,
+                "retried_commits": self.writer.moved_retries,
+            },
         }
         if self.hooks.backend_status is not None:
             out["backend"] = self.hooks.backend_status()
@@ -378,7 +388,8 @@ class Engine:
             e["status"] = t.get("status")
             e["trigger"] = t.get("trigger")
             e["backend"] = t.get("backend")
-        return {"entries": entries}
+        # moves of the branch made outside clagd that took memories out of HEAD
+        return {"entries": entries, "history": self.writer.history.recent(n)}
 
     # -- history ------------------------------------------------------------------------
     def revert(self, ref: str) -> dict[str, Any]:
@@ -398,8 +409,13 @@ class Engine:
 
     # -- outside edits --------------------------------------------------------------------
     def check_outside(self) -> dict[str, Any] | None:
-        """Notice hand edits and git commands run in the store; validate and reload."""
-        result: dict[str, Any] | None = self.writer.call(self._outside_op)
+        """Notice hand edits and git commands run in the store; validate and reload. While
+        writes are paused (the person's git holds the store) nothing is taken in: queries
+        go on with the last good state, and `status.paused` says why."""
+        try:
+            result: dict[str, Any] | None = self.writer.call(self._outside_op)
+        except Paused as exc:
+            return {"ok": False, "paused": str(exc)}
         return result
 
     def _outside_op(self, ctx: WriteContext) -> dict[str, Any] | None:

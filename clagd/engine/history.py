@@ -4,13 +4,27 @@ from __future__ import annotations
 
 from clagd.errors import Conflict, StoreError
 from clagd.store.gitrepo import GitStore
-from clagd.store.writer import WriteContext
+from clagd.store.writer import DATA_DIRS, WriteContext
+
+MEMORY_DIRS = set(DATA_DIRS)
 
 
 def commits_for(git: GitStore, ref: str) -> list[str]:
-    """The commits `ref` names: a session id's commits (newest first), else one commit."""
+    """The commits `ref` names: a session id's commits (newest first), else one commit.
+    Refused (Conflict, one line) when one changes anything outside the memory folders:
+    undoing the store's first commit would delete clagd.yaml, prompts/ and .gitignore, a
+    config or prompt commit is the person's to revert with git."""
     shas = git.find_by_trailer("session", ref) if not looks_like_sha(ref) else []
-    return shas or [git.resolve(ref)]
+    shas = shas or [git.resolve(ref)]
+    for sha in shas:
+        outside = [p for p in git.changed_files(sha) if p.split("/")[0] not in MEMORY_DIRS]
+        if outside:
+            more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
+            raise Conflict(
+                f"cannot revert {sha[:10]}: it changes {outside[0]}{more}, outside "
+                "clusters/, archive/ and unsorted/ (revert it with git itself if you mean it)"
+            )
+    return shas
 
 
 def revert_commits(ctx: WriteContext, shas: list[str]) -> list[str]:
@@ -32,6 +46,7 @@ def revert_commits(ctx: WriteContext, shas: list[str]) -> list[str]:
     except (Conflict, StoreError):
         if done and start_head:
             ctx.git.run("reset", "-q", "--hard", start_head)
+            ctx.git.base = start_head  # the daemon's own move: nothing to report
             ctx.reload_all()
         raise
     return done

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clagd.errors import StoreError
-from clagd.store.files import data_files
+from clagd.engine.identity import fix_identities
+from clagd.errors import Paused, StoreError
+from clagd.store.files import data_files, is_data_path
 from clagd.store.writer import DATA_DIRS, WriteContext
 
 log = logging.getLogger("clagd")
@@ -50,7 +51,17 @@ class OutsideEdits:
         take in any difference. None when there is none, or it is the same broken state
         already reported."""
         head = ctx.git.head()
-        dirty = ctx.git.dirty_paths(DATA_DIRS)
+        staged = [p for p in ctx.git.staged_paths(DATA_DIRS) if is_data_path(p)]
+        if staged:
+            # the person's: `git add`ed, or a git command that failed half-way (a reset that
+            # lost the race for HEAD leaves index and files of another commit): not an edit
+            raise Paused(
+                f"changes are staged in the memory folders ({staged[0]}"
+                f"{f' and {len(staged) - 1} more' if len(staged) > 1 else ''}): commit them, "
+                "or git reset --hard to drop them (writes resume by themselves)"
+            )
+        # only memory files: an editor's swap file or a backup is never read or committed
+        dirty = [p for p in ctx.git.dirty_paths(DATA_DIRS) if is_data_path(p)]
         moved = head != known_head
         if not moved and not dirty:
             # back in step with HEAD (e.g. a broken edit was undone): nothing to report
@@ -65,8 +76,15 @@ class OutsideEdits:
                 changed.update(ctx.git.changed_between(known_head, head or "HEAD", DATA_DIRS))
             except Exception:  # noqa: BLE001 - unrelated history: reload everything
                 changed.update(data_files(self.root))
+        known: dict[str, str] = {}
+        if dirty:
+            # an edited memory gets the id of its new content, an id-less one an id
+            known = {m.id: m.content for m, _a, _k in ctx.state.all_memories()}
+            fix_identities(self.root, dirty, known)
         try:
-            ctx.reload_paths(sorted(changed), commit=None)
+            # a checkout or reset rewrites the files before it moves HEAD: what is read
+            # while the person's git runs is not an edit (Paused: read again later)
+            ctx.reload_paths(sorted(changed), commit=None, settled=True)
         except StoreError as exc:
             self._sig = sig
             self.blocked = {Path(p).stem for p in dirty if p.startswith("clusters/")}
@@ -82,6 +100,11 @@ class OutsideEdits:
                 "\n".join(dirty),
                 {"kind": "edit"},
             )
+            removed = set(known) - ctx.state.memory_ids()
+            if sha and removed and head:
+                # memories deleted by hand (or by a git command of the person's): reported
+                # like a rewrite, never silent
+                ctx.w.history.record(head, sha, removed, False, "edit committed by clagd")
         log.info(
             "outside change loaded (%d files%s)",
             len(changed),

@@ -19,8 +19,9 @@ log = logging.getLogger("clagd")
 
 def recover(git: GitStore, paths: Paths) -> list[str]:
     """Undo half-done work and return one note per thing done (shown in `status`)."""
-    notes = git.recover()
     txn = paths.runtime / "txn"
+    # a revert or cherry-pick in progress is abandoned only when it was the daemon's own
+    notes = git.recover(own_operation=txn.exists())
     if txn.exists():
         # first line: what the change was; then the files it named (none: every data folder)
         touched = [p for p in txn.read_text(encoding="utf-8").splitlines()[1:] if p.strip()]

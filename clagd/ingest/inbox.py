@@ -42,22 +42,59 @@ class Item:
     metadata: dict[str, Any]
 
 
+MAX_INT = 2**63  # a metadata integer must fit a JSON number every reader can take
+
+
+def check_text(text: str, what: str) -> str:
+    """Text that YAML, JSON, git and every reader can store as UTF-8: no lone surrogates
+    (from a broken encoder), no NUL (a UTF-16 file read as UTF-8 is full of them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InboxRejected(
+            f"{what} holds a lone surrogate (text from a broken UTF-16 encoder)"
+        ) from None
+    if "\x00" in text:
+        raise InboxRejected(f"{what} holds a NUL character (a UTF-16 file? save it as UTF-8)")
+    return text
+
+
 def _jsonable(value: Any, depth: int = 0) -> Any:
-    """Metadata must round-trip through YAML and JSON: plain types only, bounded depth."""
+    """Metadata must round-trip through YAML and JSON: plain types only, bounded depth,
+    integers that fit 64 bits, finite floats, text without NUL or lone surrogates."""
     if depth > 20:
         raise InboxRejected("metadata is nested too deeply")
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return check_text(value, "metadata")
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        if not -MAX_INT <= value < MAX_INT:
+            raise InboxRejected("a metadata integer is too large (over 64 bits)")
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InboxRejected("a metadata number is NaN or infinite (not valid JSON)")
         return value
     if isinstance(value, (datetime, date)):
         return value.isoformat()
     if isinstance(value, list):
         return [_jsonable(v, depth + 1) for v in value]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+        return {
+            check_text(str(k), "a metadata key"): _jsonable(v, depth + 1) for k, v in value.items()
+        }
     raise InboxRejected(f"metadata value of type {type(value).__name__} is not supported")
 
 
 def _created_at(value: Any) -> str | None:
+    try:
+        return _created_at_utc(value)
+    except (OverflowError, ValueError) as exc:  # e.g. 9999-12-31T23:59:59-14:00
+        raise InboxRejected(f"created_at {str(value)[:80]!r} is out of range ({exc})") from None
+
+
+def _created_at_utc(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if isinstance(value, datetime):
@@ -81,7 +118,7 @@ def validate_item(raw: Any, where: str = "item") -> Item:
     content = raw["content"]
     if not isinstance(content, str):
         raise InboxRejected(f"{where}: 'content' must be a string, got {type(content).__name__}")
-    content = normalize_content(content)
+    content = normalize_content(check_text(content, f"{where}: 'content'"))
     if not content:
         raise InboxRejected(f"{where}: 'content' is empty")
     if len(content) > MAX_CONTENT_CHARS:
@@ -107,7 +144,19 @@ def _items_from_data(data: Any, max_items: int) -> list[Item]:
 
 
 def parse_text(name: str, text: str, max_items: int = 10_000) -> list[Item]:
-    """Parse one inbox file's text by its suffix; raise InboxRejected with the reason."""
+    """Parse one inbox file's text by its suffix; raise InboxRejected with the reason,
+    whatever the parsers raise (deep nesting, a 5,000-digit integer, a date out of range)."""
+    try:
+        return _parse_text(name, text, max_items)
+    except InboxRejected:
+        raise
+    except RecursionError:
+        raise InboxRejected("nested too deeply") from None
+    except (ValueError, OverflowError, TypeError, UnicodeError) as exc:
+        raise InboxRejected(f"cannot be parsed: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def _parse_text(name: str, text: str, max_items: int) -> list[Item]:
     suffix = Path(name).suffix.lower()
     if suffix in (".yaml", ".yml"):
         try:
@@ -167,27 +216,52 @@ def read_file(path: Path, max_bytes: int, max_items: int) -> list[Item]:
 class Seen:
     size: int
     mtime_ns: int
+    first_seen: float
 
 
 @dataclass
 class InboxTracker:
     """Decides which inbox files are complete. Thread-safe: watchdog events arrive on the
-    observer's thread, scans happen on the ingest thread."""
+    observer's thread, scans happen on the ingest thread.
+
+    With inotify the tracker also sees opens and closes: a file open (for writing, or by
+    anyone) is not complete whatever its age, up to `open_max_seconds` (a writer that never
+    closes); past that the settle rule applies and the file is listed in `held_open`. A
+    file's modification time in the future (a skewed clock, `touch -d`) does not hold it
+    back: its age counts from when it was first seen."""
 
     root: Path
     settle_seconds: float = 1.0
+    open_max_seconds: float = 3600.0
     _seen: dict[str, Seen] = field(default_factory=dict)
     _complete: dict[str, float] = field(default_factory=dict)  # name -> when we learnt it
+    _open: dict[str, tuple[int, float]] = field(default_factory=dict)  # name -> (opens, since)
+    held_open: list[str] = field(default_factory=list)  # open longer than open_max_seconds
+    held_open_total: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def mark_complete(self, name: str) -> None:
         with self._lock:
             self._complete[name] = time.time()
 
+    def opened(self, name: str) -> None:
+        with self._lock:
+            n, since = self._open.get(name, (0, time.monotonic()))
+            self._open[name] = (n + 1, since)
+
+    def closed(self, name: str) -> None:
+        with self._lock:
+            n, since = self._open.get(name, (1, 0.0))
+            if n <= 1:
+                self._open.pop(name, None)
+            else:
+                self._open[name] = (n - 1, since)
+
     def forget(self, name: str) -> None:
         with self._lock:
             self._seen.pop(name, None)
             self._complete.pop(name, None)
+            self._open.pop(name, None)
 
     def candidates(self) -> list[str]:
         try:
@@ -197,6 +271,20 @@ class InboxTracker:
         return sorted(
             e.name for e in entries if not ignored_name(e.name) and e.is_file(follow_symlinks=False)
         )
+
+    def _still_open(self, name: str) -> bool:
+        entry = self._open.get(name)
+        if entry is None:
+            return False
+        if time.monotonic() - entry[1] < self.open_max_seconds:
+            return True
+        if name not in self.held_open:
+            self.held_open.append(name)
+            self.held_open_total += 1
+            log.warning(
+                "inbox file %r has been open for over %ss: read it", name, self.open_max_seconds
+            )
+        return False
 
     def ready(self) -> tuple[list[str], int]:
         """(names complete now, how many more are still being written)."""
@@ -212,12 +300,16 @@ class InboxTracker:
                 prev = self._seen.get(name)
                 closed = self._complete.get(name)
                 if prev is None or (prev.size, prev.mtime_ns) != (st.st_size, st.st_mtime_ns):
-                    self._seen[name] = Seen(st.st_size, st.st_mtime_ns)
+                    prev = self._seen[name] = Seen(st.st_size, st.st_mtime_ns, now)
                     stable = False
                 else:
                     stable = True
-                age = now - st.st_mtime_ns / 1e9
-                if (closed is not None and closed * 1e9 >= st.st_mtime_ns) or (
+                mtime = st.st_mtime_ns / 1e9
+                future = mtime > now + 1.0
+                age = now - (prev.first_seen if future else mtime)
+                if self._still_open(name):
+                    waiting += 1
+                elif (closed is not None and (closed >= mtime or future)) or (
                     stable and age >= self.settle_seconds
                 ):
                     ready.append(name)
@@ -226,13 +318,20 @@ class InboxTracker:
             for gone in set(self._seen) - set(names):
                 self._seen.pop(gone, None)
                 self._complete.pop(gone, None)
+                self._open.pop(gone, None)
+            self.held_open = [n for n in self.held_open if n in self._open]
         return ready, waiting
 
 
 def reject(inbox: Path, name: str, reason: str) -> Path:
-    """Move a file to inbox/rejected/ (never over another) with `<name>.error` beside it."""
+    """Move a file to inbox/rejected/ (never over another) with `<name>.error` beside it.
+    A symlink in place of inbox/rejected/ is replaced by a real folder: rejected files
+    never leave the store."""
     rejected = inbox / "rejected"
-    rejected.mkdir(exist_ok=True)
+    if rejected.is_symlink() or (rejected.exists() and not rejected.is_dir()):
+        log.warning("inbox/rejected is not a folder (a symlink?): replacing it with one")
+        rejected.unlink()
+    rejected.mkdir(mode=0o700, exist_ok=True)
     target = rejected / name
     n = 1
     while target.exists() or (rejected / (target.name + ".error")).exists():
@@ -244,5 +343,6 @@ def reject(inbox: Path, name: str, reason: str) -> Path:
         f"{reason}\nrejected at {iso_utc()}\n",
         encoding="utf-8",
     )
-    log.warning("rejected inbox file %s: %s", name, reason)
+    # %r: a newline in a file name cannot forge a log line
+    log.warning("rejected inbox file %r: %r", name, reason)
     return target

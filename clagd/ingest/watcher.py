@@ -10,10 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from git.exc import GitCommandError
 from watchdog.events import (
     FileClosedEvent,
+    FileClosedNoWriteEvent,
     FileCreatedEvent,
     FileMovedEvent,
+    FileOpenedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
 )
@@ -21,7 +24,7 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from clagd.config import InboxConfig
-from clagd.errors import ClagdError, InboxRejected
+from clagd.errors import ClagdError, InboxRejected, Paused
 from clagd.ingest.inbox import InboxTracker, Item, ignored_name, read_file, reject
 
 log = logging.getLogger("clagd.inbox")
@@ -32,7 +35,14 @@ IngestFn = Callable[[list[Item], int], object]
 
 # Only these events are delivered (on inotify the kernel is not even asked for the rest):
 # reads, modifications and deletions, ours included, never wake or delay the ingest loop.
-EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClosedEvent]
+# Opens and closes without writing only update the tracker (a file open is not complete).
+EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    FileMovedEvent,
+    FileClosedEvent,
+    FileOpenedEvent,
+    FileClosedNoWriteEvent,
+]
 
 
 class _Handler(FileSystemEventHandler):
@@ -41,11 +51,24 @@ class _Handler(FileSystemEventHandler):
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         etype = event.event_type
-        if event.is_directory or etype not in ("created", "moved", "closed"):
+        if event.is_directory or etype not in (
+            "created",
+            "moved",
+            "closed",
+            "opened",
+            "closed_no_write",
+        ):
             return
         path = Path(str(event.dest_path if etype == "moved" else event.src_path))
         if path.parent != self.w.inbox:  # inbox/.tmp/, inbox/rejected/: never read
             return
+        if etype == "opened":
+            self.w.tracker.opened(path.name)
+            return
+        if etype in ("closed", "closed_no_write"):
+            self.w.tracker.closed(path.name)
+            if etype == "closed_no_write":
+                return
         # renamed in (from inbox/.tmp/ or another name in the inbox) or closed after writing
         if etype in ("moved", "closed") and not ignored_name(path.name):
             self.w.tracker.mark_complete(path.name)
@@ -57,13 +80,14 @@ class InboxWatcher:
         self.inbox = Path(inbox).resolve()
         self.cfg = cfg
         self.ingest = ingest
-        self.tracker = InboxTracker(self.inbox, cfg.settle_seconds)
+        self.tracker = InboxTracker(self.inbox, cfg.settle_seconds, cfg.open_max_seconds)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._backlog: set[str] = set()  # files present at start
         self._backlog_done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clagd-inbox", daemon=True)
         self._observer: Any = None  # a watchdog Observer or PollingObserver
+        self._inbox_ino: int | None = None
         self._last_event = 0.0
         self.files_ingested = 0
         self.files_rejected = 0
@@ -71,10 +95,35 @@ class InboxWatcher:
         self.consecutive_failures = 0
         self.last_error = ""
         self.paused_until = 0.0
+        self.paused = ""  # why ingestion waits for the person (see errors.Paused)
+        self.loop_errors = 0  # unexpected errors of the loop itself (it goes on)
         self.observer_kind = ""
+
+    def _inode(self) -> int | None:
+        try:
+            return self.inbox.stat().st_ino
+        except FileNotFoundError:
+            return None
+
+    def ensure_inbox(self) -> bool:
+        """Re-create an inbox folder that was removed (`git clean -fdx`, `rm -rf inbox`) and
+        watch the new one. True when it had to."""
+        if self._inbox_ino is not None and self._inode() == self._inbox_ino:
+            return False
+        for d in (self.inbox, self.inbox / "rejected", self.inbox / ".tmp"):
+            d.mkdir(parents=True, exist_ok=True)
+        self._inbox_ino = self._inode()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer = None
+            self._start_observer()
+        log.warning("the inbox folder was removed: re-created it and watch it again")
+        self.poke()
+        return True
 
     def start(self) -> None:
         self.inbox.mkdir(parents=True, exist_ok=True)
+        self._inbox_ino = self._inode()
         self._backlog = set(self.tracker.candidates())
         if not self._backlog:
             self._backlog_done.set()
@@ -155,7 +204,12 @@ class InboxWatcher:
             # meanwhile is ready now, and the deletions of the last batch are no reason to
             # wait. Only a pass that found nothing waits for an event, a timer or the rescan.
             self._wake.clear()
-            busy = self.process() > 0
+            try:
+                busy = self.process() > 0
+            except Exception as exc:  # noqa: BLE001 - the inbox loop never stops
+                self.loop_errors += 1
+                self._fail(exc)
+                busy = False
             self._check_backlog()
         try:
             self.process()
@@ -179,55 +233,81 @@ class InboxWatcher:
         handled = 0
         while True:
             ready, waiting = self.tracker.ready()
-            batch_items: list[Item] = []
-            batch_files: list[str] = []
+            batch: list[tuple[str, list[Item]]] = []
+            n_items = 0
             for name in ready:
-                path = self.inbox / name
-                try:
-                    items = read_file(path, self.cfg.max_file_bytes, self.cfg.max_items_per_file)
-                except FileNotFoundError:
-                    self.tracker.forget(name)
-                    continue
-                except InboxRejected as exc:
-                    if self._maybe_incomplete(path, name):
-                        waiting += 1
-                        continue
-                    self._reject(name, str(exc))
+                items, outcome = self._read(name)
+                if outcome == "wait":
+                    waiting += 1
+                elif outcome == "rejected":
                     handled += 1
-                    continue
-                except OSError as exc:
-                    self._reject(name, f"cannot read: {exc}")
-                    handled += 1
-                    continue
-                batch_items.extend(items)
-                batch_files.append(name)
-                if len(batch_items) >= self.cfg.max_batch:
-                    break
-            if batch_files:
-                try:
-                    self.ingest(batch_items, len(batch_files))
-                except ClagdError as exc:
-                    self._fail(exc)
+                elif items:
+                    batch.append((name, items))
+                    n_items += len(items)
+                    if n_items >= self.cfg.max_batch:
+                        break
+            if batch:
+                done = self._ingest_batch(batch)
+                if done is None:
                     return handled
-                except OSError as exc:
-                    self._fail(exc)
-                    return handled
-                for name in batch_files:
-                    try:
-                        (self.inbox / name).unlink()
-                    except FileNotFoundError:
-                        pass
-                    self.tracker.forget(name)
-                self.files_ingested += len(batch_files)
-                self.consecutive_failures = 0
-                self.last_error = ""
-                handled += len(batch_files)
-            more = len(ready) > len(batch_files) and batch_files
-            if not more:
+                handled += done
+            if not (len(ready) > len(batch) and batch):
                 break
         if waiting:
             threading.Timer(self.cfg.settle_seconds / 2 + 0.05, self._wake.set).start()
         return handled
+
+    def _read(self, name: str) -> tuple[list[Item], str]:
+        """One file's items, or why not: ("", "wait") still being written, "rejected" moved
+        to rejected/ with its reason, "gone". Any error from a file's content rejects it."""
+        path = self.inbox / name
+        try:
+            return read_file(path, self.cfg.max_file_bytes, self.cfg.max_items_per_file), "ok"
+        except FileNotFoundError:
+            self.tracker.forget(name)
+            return [], "gone"
+        except InboxRejected as exc:
+            if self._maybe_incomplete(path, name):
+                return [], "wait"
+            self._reject(name, str(exc))
+        except OSError as exc:
+            self._reject(name, f"cannot read: {exc}")
+        except Exception as exc:  # noqa: BLE001 - whatever a file holds, it cannot stop us
+            self._reject(name, f"cannot be read as memories: {type(exc).__name__}: {exc}")
+        return [], "rejected"
+
+    def _ingest_batch(self, batch: list[tuple[str, list[Item]]]) -> int | None:
+        """Commit the files' items together; when that fails because of what one of them
+        holds (not the store's state), one file at a time, rejecting the culprits. Returns
+        the files handled, or None when ingestion must wait (paused, environment)."""
+        try:
+            self.ingest([it for _n, items in batch for it in items], len(batch))
+        except Exception as exc:  # noqa: BLE001 - sorted below
+            if _environmental(exc) or len(batch) == 1:
+                if _environmental(exc):
+                    self._fail(exc)
+                    return None
+                self._reject(batch[0][0], f"cannot be stored: {type(exc).__name__}: {exc}")
+                return 1
+            log.warning("a batch of %d files failed (%s); one file at a time", len(batch), exc)
+            handled = 0
+            for one in batch:
+                done = self._ingest_batch([one])
+                if done is None:
+                    return handled or None
+                handled += done
+            return handled
+        for name, _items in batch:
+            try:
+                (self.inbox / name).unlink()
+            except FileNotFoundError:
+                pass
+            self.tracker.forget(name)
+        self.files_ingested += len(batch)
+        self.consecutive_failures = 0
+        self.last_error = ""
+        self.paused = ""
+        return len(batch)
 
     def _maybe_incomplete(self, path: Path, name: str) -> bool:
         """A young file that fails to parse may still be being written in place: wait."""
@@ -246,10 +326,29 @@ class InboxWatcher:
         self.tracker.forget(name)
 
     def _fail(self, exc: Exception) -> None:
+        """Ingestion failed for a reason outside the files (git lock, read-only or full
+        disk, the person's merge): the files stay, the pass is retried with back-off."""
+        if isinstance(exc, Paused):
+            # the person's git holds the store: check again soon, count it once
+            if not self.paused:
+                self.failures += 1
+            self.paused = self.last_error = str(exc)
+            self.paused_until = time.monotonic() + 1.0
+            threading.Timer(1.05, self._wake.set).start()
+            return
         self.failures += 1
         self.consecutive_failures += 1
-        self.last_error = str(exc)
+        self.last_error = (
+            f"{type(exc).__name__}: {exc}" if not isinstance(exc, ClagdError) else str(exc)
+        )
         backoff = min(30.0, 0.25 * 2 ** min(self.consecutive_failures, 7))
         self.paused_until = time.monotonic() + backoff
         log.error("ingest failed, files stay in the inbox; retrying in %.1fs: %s", backoff, exc)
         threading.Timer(backoff + 0.05, self._wake.set).start()
+
+
+def _environmental(exc: BaseException) -> bool:
+    """A failure of the store or the system (retry later), not of a file's content."""
+    if isinstance(exc, InboxRejected):
+        return False
+    return isinstance(exc, (OSError, ClagdError, GitCommandError))

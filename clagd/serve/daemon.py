@@ -26,12 +26,13 @@ from clagd.libc import malloc_trim
 from clagd.organize.session import engine_session_runner
 from clagd.protocol import resolve_socket
 from clagd.serve import sdnotify
+from clagd.serve.reconfig import ConfigReloader
 from clagd.serve.replicate import Replicator
 from clagd.serve.scheduler import Scheduler
 from clagd.serve.server import SocketServer, build_dispatcher
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager
-from clagd.store.files import Paths, init_store
+from clagd.store.files import PRIVATE_UMASK, Paths, init_store, privacy_warnings
 from clagd.store.gitrepo import GitStore
 
 log = logging.getLogger("clagd")
@@ -45,12 +46,17 @@ def release_free_memory() -> bool:
     return malloc_trim()
 
 
-class StoreLock:
-    """One daemon per store: an flock on `.clagd/lock`. The kernel drops it when the
-    process dies, so a lock left by a killed daemon never blocks a restart."""
+LOCK_FILE = "clagd.lock"  # in .git/: `git clean -fdx` and `rm -rf .clagd` leave it alone
 
-    def __init__(self, runtime: Path) -> None:
-        self.path = runtime / "lock"
+
+class StoreLock:
+    """One daemon per store: an flock on `.git/clagd.lock`. The kernel drops it when the
+    process dies, so a lock left by a killed daemon never blocks a restart; and it lives in
+    `.git/`, which no cleaning of the working tree removes, so a second daemon can never
+    start beside a running one whose runtime folder was deleted."""
+
+    def __init__(self, store: Path) -> None:
+        self.path = Path(store) / ".git" / LOCK_FILE
         self.fd: int | None = None
 
     def acquire(self) -> None:
@@ -79,10 +85,31 @@ class StoreLock:
                 self.fd = None
 
 
+def lock_holder(store: Path) -> int | None:
+    """The pid of the daemon holding the store's lock, or None when no daemon does (so a
+    "not running" message can be checked before it is printed)."""
+    path = Path(store) / ".git" / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class Daemon:
     def __init__(
         self, store: Path, socket_path: Path | None = None, config: Config | None = None
     ) -> None:
+        os.umask(PRIVATE_UMASK)  # every file the daemon (and its git) writes is private
         self.store, created = init_store(Path(store))
         if created:
             log.info("created a new store in %s", self.store)
@@ -91,7 +118,8 @@ class Daemon:
         self.socket_path = resolve_socket(
             self.store, socket_path, configured=self.config.server.socket, binding=True
         )
-        self.lock = StoreLock(self.paths.runtime)
+        self.lock = StoreLock(self.store)
+        self.reloader = ConfigReloader(self.store, self.config)
         self.stop_event = threading.Event()
         self.engine: Engine | None = None
         self.server: SocketServer | None = None
@@ -100,6 +128,8 @@ class Daemon:
         self.backends = BackendManager(self.config)
         self.replicator: Replicator | None = None
         self._server_thread: threading.Thread | None = None
+        self._socket_ino: int | None = None
+        self._socket_lock = threading.Lock()
         self.watchdog: sdnotify.Watchdog | None = None
 
     # -- the competence gate ------------------------------------------------------------
@@ -135,8 +165,13 @@ class Daemon:
         sdnotify.status("loading the store")
         cfg = self.config
         eng = self.engine = Engine(self.store, cfg, start=True, hooks=self._hooks())
-        # a store edited by hand while no daemon ran: validate and commit it now
-        eng.check_outside()
+        eng.git.make_private()
+        # a store edited by hand while no daemon ran: validate and commit it now (whatever
+        # goes wrong there is reported and retried by housekeeping, never stops the start)
+        try:
+            eng.check_outside()
+        except Exception as exc:  # noqa: BLE001
+            log.error("checking the store for outside changes failed (retried): %s", exc)
         if self.replicator is not None:
             self.replicator.start()
         self.server = self._server(eng)
@@ -158,13 +193,7 @@ class Daemon:
         self.watcher.wait_backlog(60)
         self.scheduler.start()
         self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
-        self._server_thread = threading.Thread(
-            target=self.server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="clagd-server",
-            daemon=True,
-        )
-        self._server_thread.start()
+        self._serve(self.server)
         self.watchdog = sdnotify.Watchdog(self.healthy).start()
         self._settle_heap()
         n = len(eng.index)
@@ -179,7 +208,12 @@ class Daemon:
             on_threshold=self._on_threshold,
             session_runner=engine_session_runner(self.backends),
             backend_status=self._backend_status,
-            status={"inbox": self._inbox_status, "activity": self._activity},
+            status={
+                "inbox": self._inbox_status,
+                "activity": self._activity,
+                "privacy": self._privacy_status,
+                "config": self.reloader.status,
+            },
         )
         if cfg.retrieval.slm_refine:
             from clagd.retrieval.refine import Refiner
@@ -239,7 +273,15 @@ class Daemon:
             "files_rejected": w.files_rejected,
             "failures": w.failures,
             "last_error": w.last_error,
+            "paused": w.paused,
+            "loop_errors": w.loop_errors,
+            "held_open": list(w.tracker.held_open),
+            "held_open_total": w.tracker.held_open_total,
         }
+
+    def _privacy_status(self) -> dict[str, Any]:
+        warnings = privacy_warnings(self.store)
+        return {"private": not warnings, "warnings": warnings}
 
     def healthy(self) -> bool:
         return bool(
@@ -257,6 +299,12 @@ class Daemon:
         eng = self.engine
         if eng is None:
             return
+        self.paths.runtime.mkdir(mode=0o700, exist_ok=True)  # `rm -rf .clagd` / `git clean`
+        self._check_socket()
+        if self.watcher is not None:
+            self.watcher.ensure_inbox()
+            if self.reloader.check():  # clagd.yaml changed: validated, applied or reported
+                self.watcher.tracker.settle_seconds = self.config.inbox.settle_seconds
         eng.check_outside()
         eng.maybe_route(wait=False)  # queued on the writer; a failure is logged and retried
         eng.stats.save()
@@ -265,6 +313,46 @@ class Daemon:
             f"{len(eng.index)} memories, {eng.counters['queries']} queries, "
             f"{eng.counters['sessions']} sessions"
         )
+
+    def _check_socket(self) -> None:
+        """A deleted (or replaced) socket file is re-created: the daemon must never run on,
+        unreachable, while the CLI says it is not running."""
+        with self._socket_lock:  # housekeeping and the main loop both check
+            self._recreate_socket()
+
+    def _recreate_socket(self) -> None:
+        srv = self.server
+        if srv is None or not srv.owns_path or srv.path is None or self._socket_ino is None:
+            return
+        if self.stop_event.is_set():
+            return
+        try:
+            if os.lstat(srv.path).st_ino == self._socket_ino:
+                return
+        except FileNotFoundError:
+            pass
+        log.warning("the socket %s was removed: re-creating it", srv.path)
+        srv.shutdown()
+        srv.socket.close()
+        new = SocketServer(
+            srv.path,
+            srv.dispatcher,
+            max_request_bytes=srv.max_request_bytes,
+            read_timeout=srv.read_timeout,
+            max_clients=srv.max_clients,
+        )
+        self.server = new
+        self._serve(new)
+
+    def _serve(self, srv: SocketServer) -> None:
+        self._socket_ino = os.lstat(srv.path).st_ino if srv.owns_path and srv.path else None
+        self._server_thread = threading.Thread(
+            target=srv.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="clagd-server",
+            daemon=True,
+        )
+        self._server_thread.start()
 
     def _recluster(self, params: dict[str, Any]) -> dict[str, Any]:
         assert self.engine is not None and self.scheduler is not None
@@ -284,7 +372,10 @@ class Daemon:
         self.start()
         try:
             while not self.stop_event.wait(1.0):
-                pass
+                try:
+                    self._check_socket()  # a deleted socket is back within a second
+                except Exception as exc:  # noqa: BLE001 - tried again in a second
+                    log.error("cannot re-create the socket: %s", exc)
         finally:
             self.shutdown()
         return 0

@@ -7,16 +7,21 @@ request gets an error reply; nothing a client sends can stop the server.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import math
 import os
 import socket
 import socketserver
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from git.exc import GitCommandError
 
 from clagd.engine.core import Engine
 from clagd.errors import BadRequest, ClagdError, StoreError
@@ -55,9 +60,55 @@ class Dispatcher:
             return error_reply(rid, exc.code, str(exc))
         except TypeError as exc:  # wrong parameter names or types
             return error_reply(rid, "bad_request", str(exc))
+        except GitCommandError as exc:  # the store's git failed: its reason, not its argv
+            log.error("op %r: git failed: %s", req.get("op"), exc)
+            why = _first_line(exc.stderr) or f"git exited with {exc.status}"
+            return error_reply(rid, "store", why)
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection thread
             log.exception("op %r failed", req.get("op"))
             return error_reply(rid, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _first_line(text: object) -> str:
+    for line in str(text or "").splitlines():
+        line = line.strip().strip("'").strip()
+        if line.startswith("stderr:"):
+            line = line[len("stderr:") :].strip().strip("'").strip()
+        if line:
+            return line[:500]
+    return ""
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each bounded by what is left of the time allowed for the
+    whole request line: a client sending one byte every few seconds cannot hold a slot
+    forever (a per-read timeout would restart with each byte)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(left)
+        return self.sock.recv_into(buf)
+
+
+def _strict(obj: Any) -> Any:
+    """NaN and infinities (from a hand-edited file) as null: replies are strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -75,10 +126,16 @@ class _ConnHandler(socketserver.StreamRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.request.settimeout(self.server.read_timeout)
+        self._reader = _DeadlineReader(self.request)
+        self.rfile = io.BufferedReader(self._reader)
 
     def _send(self, obj: dict[str, Any]) -> bool:
         try:
-            self.wfile.write(json.dumps(obj, ensure_ascii=False, default=str).encode() + b"\n")
+            text = json.dumps(obj, ensure_ascii=False, default=str, allow_nan=False)
+        except ValueError:
+            text = json.dumps(_strict(obj), ensure_ascii=False, default=str)
+        try:
+            self.wfile.write(text.encode(errors="replace") + b"\n")
             self.wfile.flush()
             return True
         except OSError:
@@ -125,6 +182,8 @@ class _ConnHandler(socketserver.StreamRequestHandler):
     def _serve(self) -> None:
         limit = self.server.max_request_bytes
         while not self.server.closing:
+            # the next request line must be complete within read_timeout, however it trickles
+            self._reader.deadline = time.monotonic() + self.server.read_timeout
             try:
                 line = self.rfile.readline(limit + 1)
             except TimeoutError:

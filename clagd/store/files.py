@@ -218,14 +218,43 @@ class FileUpdate:
     shards: dict[str, list[Memory] | None] = field(default_factory=dict)
 
 
+def is_data_path(rel: str) -> bool:
+    """A store file that holds memories: `clusters/` or `archive/` + `<cluster id>.yaml`,
+    `unsorted/` + `<shard name>.yaml`. Nothing else there is ever read or committed (an
+    editor's swap file, a `*.yaml~` backup, an exported Markdown file)."""
+    p = Path(rel)
+    if len(p.parts) != 2 or p.suffix != ".yaml" or p.parts[0] not in (CLUSTERS, ARCHIVE, UNSORTED):
+        return False
+    if p.parts[0] == UNSORTED:
+        return valid_shard_name(p.stem)
+    return bool(CLUSTER_ID_RE.match(p.stem))
+
+
 def data_files(root: Path) -> list[str]:
     """Every store file that holds memories, relative to the store."""
     return [
-        f"{d}/{f.name}"
+        rel
         for d in (CLUSTERS, ARCHIVE, UNSORTED)
         if (Path(root) / d).is_dir()
         for f in sorted((Path(root) / d).glob("*.yaml"))
+        if is_data_path(rel := f"{d}/{f.name}")
     ]
+
+
+def ignored_files(root: Path, limit: int = 50) -> list[str]:
+    """Files in the memory folders that are not memory files (ignored; listed in status)."""
+    out = []
+    for d in (CLUSTERS, ARCHIVE, UNSORTED):
+        try:
+            names = sorted(os.listdir(Path(root) / d))
+        except OSError:
+            continue
+        for name in names:
+            if name != ".gitkeep" and not is_data_path(f"{d}/{name}"):
+                out.append(f"{d}/{name}")
+                if len(out) >= limit:
+                    return out
+    return out
 
 
 def read_files(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, FileUpdate]:
@@ -245,17 +274,10 @@ def parse_files(root: Path, rel_paths: list[str], errors: list[str]) -> FileUpda
     upd = FileUpdate()
     for rel in rel_paths:
         p = Path(rel)
-        if (
-            len(p.parts) != 2
-            or p.suffix != ".yaml"
-            or p.parts[0] not in (CLUSTERS, ARCHIVE, UNSORTED)
-        ):
-            continue
+        if not is_data_path(rel):
+            continue  # not a memory file: ignored (listed in status)
         full = paths.root / p
         if p.parts[0] == UNSORTED:
-            if not valid_shard_name(p.stem):
-                errors.append(f"{rel}: invalid unsorted shard name")
-                continue
             upd.shards[p.stem] = _load_shard(full, errors) if full.exists() else None
         else:
             target = upd.clusters if p.parts[0] == CLUSTERS else upd.archive
@@ -331,9 +353,13 @@ def write_cluster(paths: Paths, c: Cluster, archived: bool = False, fsync: bool 
     return path
 
 
+def shard_yaml(mems: list[Memory]) -> str:
+    return _memories_yaml({}, mems)
+
+
 def write_shard(paths: Paths, name: str, mems: list[Memory], fsync: bool = True) -> Path:
     path = paths.shard_file(name)
-    atomic_write_text(path, _memories_yaml({}, mems), sync_dir=False, fsync=fsync)
+    atomic_write_text(path, shard_yaml(mems), sync_dir=False, fsync=fsync)
     return path
 
 
@@ -342,9 +368,8 @@ def init_store(root: Path, force: bool = False) -> tuple[Path, bool]:
 
     A folder that holds something but no store is refused (StoreError) unless `force`: a
     mistyped path must not turn someone's folder into a store. Even then the files already
-    there are left alone and out of the init commit, which holds only what init created."""
-    from clagd.store.gitrepo import GitStore
-
+    there are left alone and out of the init commit, which holds only what init created.
+    The store is private: a new folder is 0700 and every file is created under umask 077."""
     root = Path(root).expanduser().resolve()
     if is_store(root):
         Paths(root).ensure_dirs()
@@ -356,7 +381,20 @@ def init_store(root: Path, force: bool = False) -> tuple[Path, bool]:
             "are kept and not committed)",
             "not_empty",
         )
+    old_umask = os.umask(PRIVATE_UMASK)  # memories are private: nothing readable by others
+    try:
+        return _create_store(root), True
+    finally:
+        os.umask(old_umask)
+
+
+def _create_store(root: Path) -> Path:
+    from clagd.store.gitrepo import GitStore
+
+    existed = root.is_dir()
     root.mkdir(parents=True, exist_ok=True)
+    if not existed:
+        os.chmod(root, 0o700)
     created = copy_template(root)
     paths = Paths(root)
     paths.ensure_dirs()
@@ -370,4 +408,34 @@ def init_store(root: Path, force: bool = False) -> tuple[Path, bool]:
     if git.head() is None:
         mine = [str(p.relative_to(root)) for p in created]
         git.commit(mine, "init: new clagd store", "", {"kind": "init"})
-    return root, True
+    return root
+
+
+PRIVATE_UMASK = 0o077
+# what must not be open to other users: the memories, their history, rejected inbox files
+PRIVATE_PATHS = (
+    "",
+    ".git",
+    ".git/objects",
+    CLUSTERS,
+    ARCHIVE,
+    UNSORTED,
+    INBOX,
+    f"{INBOX}/rejected",
+)
+
+
+def privacy_warnings(root: Path) -> list[str]:
+    """The store's folders that other local users can enter or read (empty: private)."""
+    out = []
+    for rel in PRIVATE_PATHS:
+        p = Path(root) / rel
+        try:
+            mode = p.stat().st_mode
+        except OSError:
+            continue
+        if mode & 0o005:
+            out.append(
+                f"{rel or 'the store'} ({p}) is readable by other users: chmod -R go-rwx {root}"
+            )
+    return out

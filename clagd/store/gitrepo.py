@@ -18,7 +18,7 @@ from typing import Any
 from git.cmd import Git
 from git.exc import GitCommandError
 
-from clagd.errors import Conflict, NotFound
+from clagd.errors import Conflict, HeadMoved, NotFound, Paused, StoreError
 from clagd.store.durable import fsync_dir
 
 log = logging.getLogger("clagd.git")
@@ -29,9 +29,36 @@ _FIELD = "\x1f"
 _RECORD = "\x1e"
 # in .git/: present while objects written without fsync may not be flushed yet
 UNSYNCED = "clagd-unsynced-objects"
+# in .git/: the index a commit's tree is built in (the user's index is never committed whole)
+BUILD_INDEX = "clagd-build-index"
+# in .git/: the commit the daemon's view was last on (survives `git clean -fdx`)
+BASE_FILE = "clagd-base"
+# git config key recording the branch the store was created with (the daemon's own branch)
+BRANCH_KEY = "clagd.branch"
+# markers of a git operation in progress in .git/, and how the person finishes each
+IN_PROGRESS = (
+    ("MERGE_HEAD", "a merge is in progress", "finish it (git commit) or run git merge --abort"),
+    ("rebase-merge", "a rebase is in progress", "finish it or run git rebase --abort"),
+    ("rebase-apply", "a rebase (or git am) is in progress", "finish it or run git rebase --abort"),
+    (
+        "CHERRY_PICK_HEAD",
+        "a cherry-pick is in progress",
+        "finish it or run git cherry-pick --abort",
+    ),
+    ("REVERT_HEAD", "a revert is in progress", "finish it or run git revert --abort"),
+)
+ZERO = "0" * 40
+LOCK_WAIT = 3.0  # seconds a git call waits for another git process's index.lock
+
+
+def _printable(text: str) -> str:
+    """Commit messages hold no control characters but newlines and tabs (a memory's content
+    quoted in a body may have any)."""
+    return "".join(c if c >= " " or c in "\n\t" else " " for c in text)
 
 
 def format_message(subject: str, body: str = "", trailers: dict[str, Any] | None = None) -> str:
+    subject, body = _printable(subject), _printable(body)
     parts = [subject.strip().splitlines()[0][:200] if subject.strip() else "clagd change"]
     if body.strip():
         parts.append(body.strip())
@@ -47,9 +74,18 @@ def format_message(subject: str, body: str = "", trailers: dict[str, Any] | None
 
 
 class GitStore:
-    def __init__(self, root: Path) -> None:
+    """The store's repository. `branch` is the daemon's own branch: it commits nowhere else.
+    `base` is the commit the daemon's view was loaded from: a commit of its own is made on
+    top of exactly that commit, or not at all (`commit` raises HeadMoved)."""
+
+    def __init__(self, root: Path, branch: str = "") -> None:
         self.root = Path(root)
+        self.gitdir = self.root / ".git"
         self.git = Git(str(self.root))
+        self._branch = branch
+        self._base: str | None = None
+        self._base_known = False
+        self._lock_stuck_until = 0.0
         # A fixed environment: no pager, no editor, no prompts; a commit identity of our own.
         # GIT_OPTIONAL_LOCKS=0: our frequent `git status` must not take the index lock, or a
         # user's own git command in the store would fail with "index.lock: File exists".
@@ -63,8 +99,11 @@ class GitStore:
 
     # -- plumbing ---------------------------------------------------------------
     def run(self, *args: str, **kw: Any) -> str:
-        """Run git, retrying briefly while another git process holds the index lock."""
-        deadline = time.monotonic() + 10.0
+        """Run git, retrying briefly (LOCK_WAIT) while another git process holds the index
+        lock. After one such wait ran out, calls fail at once for a while: a stale lock
+        left by a crashed git must not make every request wait past the client's timeout."""
+        now = time.monotonic()
+        deadline = now + (LOCK_WAIT if now >= self._lock_stuck_until else 0.0)
         while True:
             try:
                 return str(self.git.execute(["git", *IDENTITY, *args], **kw))
@@ -72,13 +111,23 @@ class GitStore:
                 # only a lock held by another git process is worth waiting for; a failed
                 # write of our own lock (ENOSPC, a read-only store) also names index.lock
                 err = str(exc.stderr)
-                if "index.lock" in err and "File exists" in err and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    continue
+                if "index.lock" in err and "File exists" in err:
+                    if time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        continue
+                    self._lock_stuck_until = time.monotonic() + LOCK_WAIT
+                    exc.stderr = (
+                        f"{self.gitdir / 'index.lock'} exists: another git command is running "
+                        "in the store, or one crashed and left it (remove it if none runs); "
+                        "clagd retries"
+                    )
                 raise
 
     def init(self) -> None:
-        self.run("init", "-q", "-b", "main") if not (self.root / ".git").exists() else None
+        if not (self.root / ".git").exists():
+            self.run("init", "-q", "-b", "main")
+            self.run("config", BRANCH_KEY, "main")
+        self.make_private()
         for key, value in (("core.fsync", "all"), ("core.fsyncMethod", "fsync")):
             try:
                 self.run("config", key, value)
@@ -86,15 +135,141 @@ class GitStore:
                 log.warning("git does not support %s; commits rely on the OS to flush", key)
         self.run("config", "gc.auto", "0")  # no gc in the daemon's write path
 
+    def make_private(self) -> None:
+        """Objects, refs and logs git creates are 0600/0700 whatever the umask (the
+        daemon's umask is 077 too; a person's git commands in the store obey this). A
+        sharing the person set up themselves is left alone."""
+        try:
+            self.run("config", "--get", "core.sharedRepository")
+            return
+        except GitCommandError:
+            pass  # not set
+        self.run("config", "core.sharedRepository", "0600")
+
     def head(self) -> str | None:
         try:
             return self.run("rev-parse", "--verify", "-q", "HEAD").strip() or None
         except GitCommandError:
             return None
 
-    def recover(self) -> list[str]:
+    # -- the daemon's own branch ----------------------------------------------------------
+    @property
+    def branch(self) -> str:
+        if not self._branch:
+            self._branch = self.own_branch()
+        return self._branch
+
+    @branch.setter
+    def branch(self, name: str) -> None:
+        self._branch = name
+
+    @property
+    def base(self) -> str | None:
+        """The commit the daemon's view was loaded from (until set: the branch's commit)."""
+        if not self._base_known:
+            self._base, self._base_known = self.branch_head(), True
+        return self._base
+
+    @base.setter
+    def base(self, commit: str | None) -> None:
+        changed = commit != self._base
+        self._base, self._base_known = commit, True
+        if changed and commit is not None:
+            # kept in .git/ so that a start-up can tell a move of the branch made while no
+            # daemon ran (`saved_base`); not fsynced: a lost write only repeats a check
+            tmp = self.gitdir / (BASE_FILE + ".tmp")
+            try:
+                tmp.write_text(commit + "\n", encoding="ascii")
+                os.replace(tmp, self.gitdir / BASE_FILE)
+            except OSError:
+                pass
+
+    def saved_base(self) -> str | None:
+        """The commit the last daemon's view was on (see `base`), if recorded."""
+        try:
+            text = (self.gitdir / BASE_FILE).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return text if len(text) in (40, 64) else None
+
+    def own_branch(self, configured: str = "") -> str:
+        """The branch the daemon commits on: configured, else the one the store was created
+        with (recorded by `init`), else the one checked out, else main."""
+        if configured:
+            return configured
+        try:
+            recorded = self.run("config", "--get", BRANCH_KEY).strip()
+        except GitCommandError:
+            recorded = ""
+        if recorded:
+            return recorded
+        current = self.current_branch()
+        return current or "main"
+
+    def current_branch(self) -> str | None:
+        """The branch HEAD points to; None when HEAD is detached (read from .git/HEAD, so
+        it is cheap enough to check before every write and in every `status`)."""
+        try:
+            text = (self.gitdir / "HEAD").read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        if text.startswith("ref: refs/heads/"):
+            return text[len("ref: refs/heads/") :]
+        return None
+
+    def pause_reason(self, wait: bool = False, locks: bool = True) -> str | None:
+        """Why the daemon must not write now (None: it may): HEAD detached or on another
+        branch, a merge, rebase, cherry-pick or revert in progress, or a git command of the
+        person's running (its `.git/index.lock`: a checkout rewrites the working tree
+        before it moves HEAD). Each reason says how the person resumes. `wait`: give a
+        running git command up to LOCK_WAIT seconds to finish first. `locks=False`: from
+        another thread than the writer's (whose own git commands take the lock)."""
+        deadline = time.monotonic() + (LOCK_WAIT if wait else 0.0)
+        while locks and (self.gitdir / "index.lock").exists():
+            if time.monotonic() >= deadline:
+                return (
+                    "a git command is running in the store (.git/index.lock exists; if none "
+                    "runs, a crashed one left it: remove it); writes resume by themselves"
+                )
+            time.sleep(0.02)
+        branch = self.branch
+        for marker, what, how in IN_PROGRESS:
+            if (self.gitdir / marker).exists():
+                return f"{what} in the store; {how} (ingestion resumes by itself)"
+        current = self.current_branch()
+        if current is None:
+            return (
+                f"HEAD is detached in the store (clagd commits only on branch {branch!r}); "
+                f"run git checkout {branch} to resume"
+            )
+        if current != branch:
+            return (
+                f"branch {current!r} is checked out in the store (clagd commits only on "
+                f"{branch!r}); run git checkout {branch} to resume"
+            )
+        return None
+
+    def branch_head(self) -> str | None:
+        """The commit the daemon's branch points to (None: the branch does not exist)."""
+        try:
+            out = self.run("rev-parse", "--verify", "-q", f"refs/heads/{self.branch}^{{commit}}")
+            return out.strip() or None
+        except GitCommandError:
+            return None
+
+    def is_ancestor(self, old: str, new: str) -> bool:
+        try:
+            self.run("merge-base", "--is-ancestor", old, new)
+            return True
+        except GitCommandError:
+            return False
+
+    def recover(self, own_operation: bool = False) -> list[str]:
         """Undo what a killed daemon (or a crashed git) left behind. Called at start-up,
-        with the store lock held, so any lock file or half-done revert is not ours to keep."""
+        with the store lock held, so a stale lock file is not ours to keep. A revert or
+        cherry-pick in progress is abandoned only when `own_operation` (the daemon's
+        transaction marker says it was its own revert): a person's merge, rebase or
+        revert is theirs to finish, and the daemon waits for it (`pause_reason`)."""
         notes = []
         gitdir = self.root / ".git"
         # a git command killed with the daemon leaves its lock files behind: the index, but
@@ -112,9 +287,9 @@ class GitStore:
             if lock.exists():
                 lock.unlink()
                 notes.append(f"removed a stale .git/{lock.relative_to(gitdir)}")
-        for marker in ("REVERT_HEAD", "CHERRY_PICK_HEAD", "MERGE_HEAD"):
+        for marker in ("REVERT_HEAD", "CHERRY_PICK_HEAD") if own_operation else ():
             if (gitdir / marker).exists():
-                for cmd in (("revert", "--quit"), ("cherry-pick", "--quit"), ("merge", "--quit")):
+                for cmd in (("revert", "--quit"), ("cherry-pick", "--quit")):
                     try:
                         self.run(*cmd)
                     except GitCommandError:
@@ -144,7 +319,7 @@ class GitStore:
         path = self.root / ".git" / UNSYNCED
         if path.exists():
             return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             os.fsync(fd)
         finally:
@@ -178,6 +353,13 @@ class GitStore:
             if rel not in in_head:
                 (self.root / rel).unlink(missing_ok=True)
 
+    def staged_paths(self, dirs: Iterable[str]) -> list[str]:
+        """Paths under `dirs` whose index entry differs from HEAD."""
+        if not self.head():
+            return []
+        out = self.run("diff", "--cached", "--no-renames", "--name-only", "-z", "HEAD", "--", *dirs)
+        return [p for p in out.split("\0") if p]
+
     def dirty_paths(self, dirs: Iterable[str]) -> list[str]:
         out = self.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *dirs)
         paths = []
@@ -195,40 +377,139 @@ class GitStore:
         trailers: dict[str, Any] | None = None,
         allow_empty: bool = False,
         flush: Callable[[], object] | None = None,
+        expected: dict[str, str | None] | None = None,
     ) -> str | None:
-        """Stage exactly `paths` (added, changed or deleted) and commit only them.
+        """Stage exactly `paths` (added, changed or deleted) and commit only them, on top of
+        `base` (the commit the daemon's view was loaded from) and on the daemon's branch.
+
+        The commit is built with plumbing: its tree is `base`'s tree with these paths as the
+        index has them (nothing else the person staged), `commit-tree`, then `update-ref`
+        with `base` as the expected old value: an atomic compare-and-swap, so a commit of
+        ours never lands on a HEAD the daemon has not loaded (a reset, rebase, amend or a
+        person's commit in between raises HeadMoved, and the caller reloads and retries).
 
         With `flush`, `git add` writes its objects without an fsync each (core.fsync=none)
-        and `flush()` is called after it, before `git commit`: it must make them durable
-        (the writer's one syncfs per commit), so that no commit refers to an object that a
-        power loss could take. The commit object, trees and ref keep git's own fsync.
+        and `flush()` is called after it, before the commit is made: it must make them
+        durable (the writer's one syncfs per commit), so that no commit refers to an object
+        that a power loss could take. The commit object, trees and ref keep git's own fsync.
+
+        `expected`: the blob each path must have in the commit (None: absent). When a git
+        command of the person's (stash, reset, checkout of a file) changed a file between
+        the daemon's write and this commit, HeadMoved: the change is written again.
 
         Returns the new commit, or None when nothing changed."""
         paths = sorted(set(paths))
+        self.check_not_paused()
         if paths:
-            # --ignore-removal is not wanted: a deleted file must be staged as deleted.
-            if flush is None:
-                self.run("add", "-A", "--", *paths)
-            else:
+            if flush is not None:
                 self._mark_unsynced()
-                self.run("-c", "core.fsync=none", "add", "-A", "--", *paths)
+            self._stage(paths, fsync=flush is None)
         if flush is not None:
             flush()
             # syncfs (or sync) flushed every object written since the mark, a failed add's too
             (self.root / ".git" / UNSYNCED).unlink(missing_ok=True)
-        staged = self.run("diff", "--cached", "--name-only", "--", *paths).strip() if paths else ""
-        if not staged and not allow_empty:
+        parent = self.base
+        tree = self._tree_with(parent, paths)
+        if expected:
+            self._check_tree(tree, expected)
+        if not allow_empty and parent is not None and tree == self._tree_of(parent):
             return None
-        msg = format_message(subject, body, trailers)
-        args = ["commit", "-q", "--no-verify", "-F", "-"]
-        if allow_empty:
-            args.append("--allow-empty")
-        if paths and staged:
-            args += ["--", *paths]
-        self.run(*args, istream=_Stdin(msg))
-        head = self.head()
-        assert head is not None
-        return head
+        return self._commit_tree(tree, parent, format_message(subject, body, trailers))
+
+    def _check_tree(self, tree: str, expected: dict[str, str | None]) -> None:
+        out = self.run("ls-tree", "-r", "-z", tree, "--", *sorted(expected))
+        found = {}
+        for entry in out.split("\0"):
+            meta, _, path = entry.partition("\t")
+            if path:
+                found[path] = meta.split()[2]
+        for path, blob in expected.items():
+            if found.get(path) != blob:
+                raise HeadMoved(
+                    f"{path} was changed by a git command of the person's while clagd "
+                    "committed it (stash, reset, checkout?)"
+                )
+
+    def _tree_of(self, commit: str) -> str:
+        return self.run("rev-parse", f"{commit}^{{tree}}").strip()
+
+    def _tree_with(self, parent: str | None, paths: list[str]) -> str:
+        """`parent`'s tree with `paths` as the index holds them (absent there: removed)."""
+        build = self.gitdir / BUILD_INDEX
+        build.unlink(missing_ok=True)
+        env = {"GIT_INDEX_FILE": str(build)}
+        try:
+            if parent is not None:
+                self.run("read-tree", parent, env=env)
+            else:
+                self.run("read-tree", "--empty", env=env)
+            if paths:
+                staged = self.run("ls-files", "-s", "-z", "--", *paths)
+                entries = [e for e in staged.split("\0") if e]
+                present = {e.split("\t", 1)[1] for e in entries}
+                entries += [
+                    f"0 {ZERO}\t{p}"
+                    for p in paths
+                    if p not in present and not (self.root / p).is_dir()
+                ]
+                self.run(
+                    "update-index",
+                    "-z",
+                    "--index-info",
+                    env=env,
+                    istream=_Stdin("\0".join(entries) + "\0"),
+                )
+            return self.run("write-tree", env=env).strip()
+        finally:
+            build.unlink(missing_ok=True)
+
+    def _stage(self, paths: list[str], fsync: bool) -> None:
+        """`git add -A` of exactly these paths (a deleted file is staged as deleted). A file
+        the daemon wrote that was never committed and is gone now (a person's `git clean`
+        removed it mid-write) fails the commit with a clear StoreError: committing without
+        it would acknowledge memories that are nowhere."""
+        there = [p for p in paths if os.path.lexists(self.root / p)]
+        gone = [p for p in paths if p not in set(there)]
+        if gone:
+            tracked = set(self.run("ls-files", "-z", "--", *gone).split("\0"))
+            lost = [p for p in gone if p not in tracked]
+            if lost:
+                raise StoreError(
+                    f"{lost[0]} was removed while clagd wrote it (git clean?); nothing was "
+                    "committed, the change is made again"
+                )
+        fs = () if fsync else ("-c", "core.fsync=none")
+        self.run(*fs, "add", "-A", "--", *paths)
+
+    def check_not_paused(self) -> None:
+        """Raise Paused when the person's git holds the store (checked again right before
+        the branch is moved: a merge started while the daemon was writing wins)."""
+        reason = self.pause_reason()
+        if reason:
+            raise Paused(reason)
+
+    def _commit_tree(self, tree: str, parent: str | None, msg: str) -> str:
+        self.check_not_paused()
+        args = ["commit-tree", tree] + (["-p", parent] if parent else [])
+        new = self.run(*args, istream=_Stdin(msg)).strip()
+        self.update_branch(new, parent, msg.splitlines()[0])
+        return new
+
+    def update_branch(self, new: str, expected: str | None, why: str) -> None:
+        """Move the daemon's branch from `expected` to `new`, atomically, or raise: HeadMoved
+        when the branch is no longer at `expected`, StoreError when git could not write."""
+        ref = f"refs/heads/{self.branch}"
+        try:
+            self.run("update-ref", "-m", f"clagd: {why}"[:200], ref, new, expected or "")
+        except GitCommandError as exc:
+            now = self.branch_head()
+            if now != expected:
+                raise HeadMoved(
+                    f"branch {self.branch!r} moved to {str(now)[:10]} while clagd committed "
+                    f"on {str(expected)[:10]}"
+                ) from None
+            raise StoreError(f"cannot update {ref}: {_first_line(exc.stderr)}") from None
+        self.base = new
 
     def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
         """`git revert` one commit, with our own message and trailers; a conflict is refused
@@ -255,11 +536,16 @@ class GitStore:
                 pass
 
     def revert_commit(self, full: str, subject: str, trailers: dict[str, Any]) -> str:
+        """Commit the staged revert on top of `base` (compare-and-swap, as `commit`)."""
         msg = format_message(subject, f"This reverts commit {full}.", trailers)
-        self.run("commit", "-q", "--no-verify", "--allow-empty", "-F", "-", istream=_Stdin(msg))
-        head = self.head()
-        assert head is not None
-        return head
+        try:
+            # drops REVERT_HEAD (our own operation, staged and checked): index and files stay
+            self.run("revert", "--quit")
+        except GitCommandError:
+            pass
+        # only the reverted commit's files (a person's staged changes stay theirs)
+        tree = self._tree_with(self.base, self.changed_files(full))
+        return self._commit_tree(tree, self.base, msg)
 
     def staged_files(self) -> list[str]:
         out = self.run("diff", "--cached", "--no-renames", "--name-only", "-z", "HEAD")
@@ -349,6 +635,14 @@ def _first_line(text: Any) -> str:
         if line and not line.startswith("stderr:"):
             return line
     return str(text).strip()
+
+
+def blob_id(data: bytes, algo: str = "sha1") -> str:
+    """The object id git gives a file with these bytes."""
+    h = hashlib.new(algo)
+    h.update(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
 
 
 def drop_broken_objects(objects: Path, since: float) -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clagd.errors import Conflict, StoreError
+from clagd.errors import Conflict, HeadMoved, Paused, StoreError
 from clagd.libc import syncfs
 from clagd.model import Cluster, Memory
 from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
@@ -30,15 +30,18 @@ from clagd.store.files import (
     UNSORTED,
     Paths,
     StoreState,
+    cluster_yaml,
     load_state,
     read_files,
-    write_cluster,
-    write_shard,
+    shard_yaml,
 )
-from clagd.store.gitrepo import GitStore
+from clagd.store.gitrepo import GitStore, blob_id
+from clagd.store.history import HistoryLog, removed_between
 
 log = logging.getLogger("clagd.writer")
 DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
+# an operation whose commit found the branch moved is retried this often (after a reload)
+MOVED_RETRIES = 5
 
 
 @dataclass
@@ -52,11 +55,13 @@ class Changes:
     archive_changed: bool = False
     full: bool = False
     commit: str | None = None
+    reloaded: bool = False  # taken in from outside (the set of stored ids may have shrunk)
 
     @property
     def empty(self) -> bool:
         return not (
-            self.upsert_clusters
+            self.reloaded
+            or self.upsert_clusters
             or self.remove_clusters
             or self.add_unsorted
             or self.remove_unsorted
@@ -72,6 +77,7 @@ class WriteContext:
         self._clusters: set[str] = set()
         self._archive: set[str] = set()
         self._shards: dict[str, set[str]] = {}  # shard -> memory ids before this change
+        self._blobs: dict[str, str | None] = {}  # path -> the blob written (None: removed)
 
     @property
     def state(self) -> StoreState:
@@ -84,6 +90,11 @@ class WriteContext:
     @property
     def paths(self) -> Paths:
         return self.w.paths
+
+    def clear(self) -> None:
+        """Forget the touched files (after they were committed or put back)."""
+        self._clusters, self._archive, self._shards = set(), set(), {}
+        self._blobs = {}
 
     @property
     def touched(self) -> bool:
@@ -133,10 +144,10 @@ class WriteContext:
             mems = self.state.unsorted.get(name, [])
             path = self.paths.shard_file(name)
             if mems:
-                write_shard(self.paths, name, mems, fsync=not batch_sync)
+                self._write(path, shard_yaml(mems), fsync=not batch_sync)
             else:
                 self.state.unsorted.pop(name, None)
-                path.unlink(missing_ok=True)
+                self._write(path, None)
             written.append(str(path.relative_to(self.paths.root)))
             after = {m.id for m in mems}
             changes.add_unsorted.extend(m for m in mems if m.id not in before)
@@ -155,7 +166,14 @@ class WriteContext:
                     fsync_dir(self.paths.root / d)
                 os.sync()  # and the objects git wrote without fsync (paths not known here)
 
-        sha = w.git.commit(written, subject, body, trailers, flush=flush if batch_sync else None)
+        sha = w.git.commit(
+            written,
+            subject,
+            body,
+            trailers,
+            flush=flush if batch_sync else None,
+            expected=self._blobs,
+        )
         w.end_txn()
         for cid in sorted(self._clusters):
             if cid in self.state.clusters:
@@ -164,7 +182,7 @@ class WriteContext:
                 changes.remove_clusters.append(cid)
         changes.archive_changed = bool(self._archive)
         changes.commit = sha
-        self._clusters, self._archive, self._shards = set(), set(), {}
+        self.clear()
         w.publish(changes)
         return sha
 
@@ -180,10 +198,23 @@ class WriteContext:
         area = self.state.archived if archived else self.state.clusters
         path = self.paths.cluster_file(cid, archived)
         if cid in area:
-            write_cluster(self.paths, area[cid], archived, fsync=not self.w.can_syncfs)
+            self._write(path, cluster_yaml(area[cid]), fsync=not self.w.can_syncfs)
         else:
-            path.unlink(missing_ok=True)
+            self._write(path, None)
         return str(path.relative_to(self.paths.root))
+
+    def _write(self, path: Path, text: str | None, fsync: bool = True) -> None:
+        """Write (None: remove) one file, and remember the blob it must be in the commit:
+        a person's stash, reset or checkout between this write and the commit must not
+        make the commit miss the change while the memories are acknowledged."""
+        rel = str(path.relative_to(self.paths.root))
+        if text is None:
+            path.unlink(missing_ok=True)
+            self._blobs[rel] = None
+            return
+        data = text.encode("utf-8")
+        atomic_write_text(path, text, sync_dir=False, fsync=fsync)
+        self._blobs[rel] = blob_id(data)
 
     def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
         """git revert one commit, then reload exactly the files it touched.
@@ -212,10 +243,19 @@ class WriteContext:
         self.reload_paths(w.git.changed_files(new), commit=new)
         return new
 
-    def reload_paths(self, rel_paths: list[str], commit: str | None = None) -> Changes:
+    def reload_paths(
+        self, rel_paths: list[str], commit: str | None = None, settled: bool = False
+    ) -> Changes:
         """Re-read the given store files from the working tree into the state. Raises
-        StoreError (state unchanged) when a file is broken or ids collide."""
+        StoreError (state unchanged) when a file is broken or ids collide. `settled`: the
+        files are taken only if no git command of the person's ran while they were read
+        (a checkout rewrites the working tree before it moves HEAD): Paused otherwise."""
+        head = self.git.head() if settled else None
         candidate, changes = read_changes(self.paths.root, self.w.state, rel_paths)
+        if settled:
+            self.git.check_not_paused()
+            if self.git.head() != head:
+                raise Paused("HEAD moved while clagd read the files; it reads them again")
         changes.commit = commit
         self.w.state = candidate
         self.w.publish(changes)
@@ -264,6 +304,24 @@ class Writer:
         self.failures = 0
         self.last_error = ""
         self._needs_restore = False
+        self.paused = ""  # why writes wait now (empty: they do not)
+        self.outside_moves = 0  # moves of the branch taken in (reset, rebase, a person's commit)
+        self.moved_retries = 0  # commits retried after the branch moved under them
+        self.history = HistoryLog(git.gitdir)
+        self._check_moved_while_stopped()
+        git.base = git.head()  # the commit the loaded working tree is on
+
+    def _check_moved_while_stopped(self) -> None:
+        """A move of the branch made while no daemon ran (or before it noticed) that took
+        memories out of HEAD is reported like one seen while running."""
+        prev, now = self.git.saved_base(), self.git.branch_head()
+        if prev is None or now is None or prev == now:
+            return
+        removed = removed_between(self.paths.root, prev, now)
+        if removed:
+            self.history.record(
+                prev, now, removed, not self.git.is_ancestor(prev, now), "at start-up"
+            )
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -305,6 +363,7 @@ class Writer:
         """Mark a change as being written: its subject, then the files it may touch (none
         listed: it may touch any file under the data folders)."""
         lines = [what.replace("\n", " ")] + list(paths or [])
+        self.paths.runtime.mkdir(mode=0o700, exist_ok=True)  # removed by `git clean -fdx`
         atomic_write_text(self.txn_file, "\n".join(lines) + "\n")
 
     def end_txn(self) -> None:
@@ -331,7 +390,12 @@ class Writer:
                     # an earlier rollback failed (disk full, read-only store): the state may
                     # hold a change that is not in HEAD; nothing runs on it until restored
                     self._restore_all()
-                result = fn(ctx, *args, **kw)
+                result = self._attempt(fn, ctx, args, kw)
+            except Paused as exc:
+                # writes wait for the person; what this operation wrote goes back to HEAD
+                if ctx.touched or self.txn_file.exists():
+                    self._rollback_worktree(ctx.touched_paths())
+                fut.set_exception(exc)
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 self.failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -341,6 +405,66 @@ class Writer:
                 fut.set_exception(exc)
             else:
                 fut.set_result(result)
+
+    def _attempt(
+        self, fn: Callable[..., Any], ctx: WriteContext, args: tuple, kw: dict[str, Any]
+    ) -> Any:
+        """Run one operation on a view equal to the branch's HEAD. When its commit finds the
+        branch moved meanwhile (the compare-and-swap failed: nothing was committed), its files
+        go back to HEAD, the new HEAD is loaded and the operation runs again."""
+        for attempt in range(MOVED_RETRIES + 1):
+            self.sync()
+            try:
+                return fn(ctx, *args, **kw)
+            except HeadMoved as exc:
+                if attempt == MOVED_RETRIES:
+                    raise
+                self.moved_retries += 1
+                log.info("%s; reloading HEAD and trying again", exc)
+                self._rollback_worktree(ctx.touched_paths())
+                ctx.clear()
+        raise AssertionError("unreachable")
+
+    def sync(self) -> None:
+        """Before any write: refuse (Paused) while the person's git holds the store, and take
+        in a move of the branch that the daemon did not make."""
+        reason = self.git.pause_reason(wait=True)
+        if reason:
+            self.paused = reason
+            raise Paused(reason)
+        head = self.git.branch_head()
+        if head != self.git.base:
+            self._reload_from(head)
+        self.paused = ""
+
+    def _reload_from(self, head: str | None) -> None:
+        old = self.git.base
+        removed = removed_between(self.paths.root, old, head) if old else None
+        try:
+            if old is not None and head is not None and removed is not None:
+                changed = set(self.git.changed_between(old, head, DATA_DIRS))
+                state, changes = read_changes(self.paths.root, self.state, sorted(changed))
+            else:  # unknown or pruned history: everything
+                state, changes = load_state(self.paths.root), Changes(full=True)
+            self.git.check_not_paused()  # no git command of the person's ran meanwhile
+            if self.git.branch_head() != head:
+                raise Paused("the branch moved again while clagd read it; it reads it again")
+        except StoreError as exc:
+            self.paused = (
+                f"HEAD ({str(head)[:10]}) holds an invalid store: {exc}; fix it with a commit "
+                f"or git reset (writes resume by themselves)"
+            )
+            raise Paused(self.paused) from None
+        self.state = state
+        self.git.base = head
+        self.outside_moves += 1
+        if removed and old is not None:
+            rewrite = head is None or not self.git.is_ancestor(old, head)
+            self.history.record(old, head, removed, rewrite, "while running")
+        log.info("branch moved outside clagd (%s -> %s): reloaded", str(old)[:10], str(head)[:10])
+        changes.commit = head
+        changes.reloaded = True
+        self.publish(changes)
 
     def _rollback_worktree(self, rel_paths: list[str]) -> None:
         """Put the files a failed operation touched back to HEAD and re-read exactly those

@@ -69,12 +69,15 @@ def test_hand_edited_cluster_id_cannot_escape(sandbox: Path, short_tmp: Path, ci
 
 def test_shard_and_memory_ids_from_disk_are_checked(tmp_path: Path) -> None:
     from clagd.errors import StoreError
-    from clagd.store.files import load_state
+    from clagd.store.files import ignored_files, load_state
 
     store = make_store(tmp_path / "memory")
-    (store / "unsorted" / "u-..%2f..%2fx.yaml").write_text("memories: []\n")
-    with pytest.raises(StoreError, match="shard name"):
-        load_state(store)
+    # a file whose name is not a shard name is never read (and listed as ignored)
+    (store / "unsorted" / "u-..%2f..%2fx.yaml").write_text(
+        yaml.safe_dump({"memories": [{"id": "m-0000000000000001", "content": "x"}]})
+    )
+    assert load_state(store).memory_ids() == set()
+    assert ignored_files(store) == ["unsorted/u-..%2f..%2fx.yaml"]
     (store / "unsorted" / "u-..%2f..%2fx.yaml").unlink()
     (store / "unsorted" / "u-ok.yaml").write_text(
         yaml.safe_dump({"memories": [{"id": "../../etc/passwd", "content": "x"}]})

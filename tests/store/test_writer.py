@@ -105,7 +105,7 @@ def test_one_syncfs_after_git_add_and_before_the_commit(
 ) -> None:
     """`git add` writes its objects without an fsync each; the writer's one syncfs runs after
     it, when the new blobs exist and no commit refers to them yet; `git commit` keeps git's
-    own fsync. Without syncfs, `git add` fsyncs its objects itself."""
+    own fsync (and so does the compare-and-swap `update-ref`). Without syncfs, `git add` fsyncs its objects itself."""
     root = make_store(tmp_path / "m")
     trace = tmp_path / "trace2.jsonl"
     monkeypatch.setenv("GIT_TRACE2_EVENT", str(trace))
@@ -132,9 +132,11 @@ def test_one_syncfs_after_git_add_and_before_the_commit(
         assert head_then == head  # the commit came after the syncfs
         shard = git(root, "ls-tree", "-r", "HEAD", "--", "unsorted").split()
         assert [w for w in shard if len(w) == 40] == blobs  # what was flushed is committed
-        adds, commits = _git_argvs(trace, "add"), _git_argvs(trace, "commit")
+        adds, commits = _git_argvs(trace, "add"), _git_argvs(trace, "commit-tree")
+        refs = _git_argvs(trace, "update-ref")
         assert len(adds) == 1 and "core.fsync=none" in adds[0]
         assert len(commits) == 1 and "core.fsync=none" not in commits[0]
+        assert len(refs) == 1 and "core.fsync=none" not in refs[0]
         assert git(root, "config", "core.fsync").strip() == "all"
 
         eng.writer.can_syncfs = False  # e.g. a libc without syncfs

@@ -1,0 +1,241 @@
+"""Git is the person's tool too: a real daemon on a real store while a person runs ordinary
+git commands in it (checkout, branches, merges, reset, rebase, amend). The daemon commits
+only on its own branch, pauses while the person's git holds the store, takes in every move
+of its branch before its next write, and reports the memories a rewrite took out of HEAD."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import InProcessDaemon, git, head_contents, wait_for
+
+from clagd.client import ClientError
+from clagd.engine.core import Engine
+from clagd.errors import HeadMoved
+from clagd.ingest.inbox import Item
+from clagd.store.files import load_state
+from clagd.store.gitrepo import GitStore
+
+
+def _drop(root: Path, name: str, text: str) -> Path:
+    tmp = root / "inbox" / ".tmp" / name
+    tmp.write_text(text, encoding="utf-8")
+    os.rename(tmp, root / "inbox" / name)
+    return root / "inbox" / name
+
+
+def _served_equals_head(d: InProcessDaemon) -> None:
+    """After quiescence: what the daemon serves is a fresh load of HEAD, every memory once."""
+    root = d.root
+    eng = d.engine
+    assert not git(root, "status", "--porcelain", "--", "clusters", "archive", "unsorted")
+    in_head = head_contents(root)
+    assert len(in_head) == len(set(in_head))
+    fresh = load_state(root)
+    wait_for(lambda: eng.index.memory_ids() == fresh.memory_ids(), 10, "served == HEAD")
+    assert eng.state.memory_ids() == fresh.memory_ids()
+    assert eng.head == git(root, "rev-parse", "HEAD").strip()
+
+
+def _paused_add(c, text: str) -> str:
+    with pytest.raises(ClientError) as err:
+        c.add(text)
+    assert err.value.code == "paused"
+    return str(err.value)
+
+
+@pytest.mark.parametrize("how", ["detached", "branch"])
+def test_another_checkout_pauses_writes_and_they_resume(daemon: InProcessDaemon, how: str) -> None:
+    root = daemon.root
+    with daemon.client() as c:
+        c.add("first memory on main")
+        c.add("second memory on main")
+        if how == "detached":
+            git(root, "checkout", "-q", "HEAD~1")
+        else:
+            git(root, "checkout", "-q", "-b", "side")
+        msg = _paused_add(c, "added while the person looks elsewhere")
+        assert "git checkout main" in msg
+        f = _drop(root, "waits.txt", "inbox memory that waits for main")
+        st = wait_for(
+            lambda: (s := c.status())["inbox"]["last_error"] and s, 10, "the inbox to pause"
+        )
+        assert "git checkout main" in st["paused"] and "git checkout main" in st["inbox"]["paused"]
+        assert f.exists()  # the file waits in the inbox
+        hits = c.query("second memory on main").memories  # queries go on: last good state
+        assert any(h.content == "second memory on main" for h in hits)
+        git(root, "checkout", "-q", "main")
+        wait_for(lambda: not f.exists(), 15, "the inbox to resume by itself")
+        assert c.add("added when main is back")["added"] == 1
+        assert c.status()["paused"] == ""
+    assert git(root, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    contents = head_contents(root)
+    for text in ("inbox memory that waits for main", "added when main is back"):
+        assert contents.count(text) == 1
+    if how == "branch":  # nothing was committed on the person's branch
+        assert git(root, "rev-list", "main..side").strip() == ""
+    _served_equals_head(daemon)
+
+
+def test_a_conflicted_merge_pauses_until_aborted(daemon: InProcessDaemon) -> None:
+    root = daemon.root
+    with daemon.client() as c:
+        c.add("before the merge")
+        (root / "notes.txt").write_text("base\n")
+        git(root, "add", "notes.txt")
+        git(root, "commit", "-qm", "notes")
+        git(root, "checkout", "-q", "-b", "other")
+        (root / "notes.txt").write_text("theirs\n")
+        git(root, "commit", "-qam", "theirs")
+        git(root, "checkout", "-q", "main")
+        (root / "notes.txt").write_text("ours\n")
+        git(root, "commit", "-qam", "ours")
+        r = subprocess.run(["git", "merge", "other"], cwd=root, capture_output=True, text=True)
+        assert r.returncode != 0 and (root / ".git" / "MERGE_HEAD").exists()
+        msg = _paused_add(c, "during the merge")
+        assert "merge is in progress" in msg and "git merge --abort" in msg
+        f = _drop(root, "merge.txt", "dropped during the merge")
+        wait_for(lambda: c.status()["inbox"]["paused"], 10, "the inbox to pause")
+        assert f.exists()
+        git(root, "merge", "--abort")
+        wait_for(lambda: not f.exists(), 15, "the inbox to resume")
+        assert c.add("after the merge")["added"] == 1
+    assert head_contents(root).count("dropped during the merge") == 1
+    _served_equals_head(daemon)
+
+
+def test_a_reset_is_taken_in_and_its_removed_memories_reported(daemon: InProcessDaemon) -> None:
+    root = daemon.root
+    with daemon.client() as c:
+        for i in range(4):
+            c.add(f"memory number {i} before the reset")
+        old = git(root, "rev-parse", "HEAD").strip()
+        git(root, "reset", "-q", "--hard", "HEAD~2")
+        # the next write loads the new HEAD first, then commits on top of it
+        assert c.add("after the reset")["added"] == 1
+        st = c.status()
+        assert st["history"]["memories_removed"] == 2
+        event = st["history"]["last"][-1]
+        assert event["from"] == old and event["kind"] == "rewrite" and event["removed"] == 2
+        assert old[:12] in event["where"]
+        log = c.log(5)
+        assert log["history"][-1]["removed"] == 2
+        # the removed memories are not "already stored": adding one again stores it
+        res = c.add("memory number 3 before the reset")
+        assert res["added"] == 1
+    for cmd, line in (
+        ("status", "HISTORY    2 memories left HEAD"),
+        ("log", "2 memories left HEAD"),
+    ):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "clagd",
+                "--store",
+                str(root),
+                "--socket",
+                str(daemon.socket),
+                cmd,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert line in out and old[:12] in out
+    assert git(root, "rev-parse", "HEAD~2").strip() != old
+    contents = head_contents(root)
+    assert contents.count("memory number 2 before the reset") == 0
+    assert contents.count("memory number 3 before the reset") == 1
+    _served_equals_head(daemon)
+
+
+def test_rebase_and_amend_are_taken_in(daemon: InProcessDaemon) -> None:
+    root = daemon.root
+    git(root, "commit", "-qm", "test settings", "--", "clagd.yaml")  # a clean tree to rebase
+    with daemon.client() as c:
+        for i in range(3):
+            c.add(f"rebased memory {i}")
+        # the person rewrites the last commit's message and drops the one before it
+        git(root, "commit", "-q", "--amend", "-m", "amended by the person")
+        base = git(root, "rev-parse", "HEAD~2").strip()
+        git(root, "rebase", "-q", "--onto", base, "HEAD~1")
+        assert c.add("after the rebase")["added"] == 1
+        st = c.status()
+        assert st["history"]["memories_removed"] >= 1
+    contents = head_contents(root)
+    assert contents.count("rebased memory 1") == 0
+    assert contents.count("rebased memory 2") == 1
+    _served_equals_head(daemon)
+
+
+def test_a_commit_never_lands_on_a_head_it_has_not_loaded(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person's commit lands between the daemon's `git add` and its commit: the
+    compare-and-swap fails, the daemon loads the person's commit and commits on top."""
+    eng = Engine(store)
+    try:
+        eng.ingest([Item("already there", None, {})], "test")
+        real = GitStore._tree_with
+        raced: list[str] = []
+
+        def person_commits_first(self: GitStore, parent: str | None, paths: list[str]) -> str:
+            if not raced:
+                (store / "person.txt").write_text("a person's file\n")
+                git(store, "add", "person.txt")
+                git(store, "commit", "-qm", "the person's commit", "--", "person.txt")
+                raced.append(git(store, "rev-parse", "HEAD").strip())
+            return real(self, parent, paths)
+
+        monkeypatch.setattr(GitStore, "_tree_with", person_commits_first)
+        res = eng.ingest([Item("raced with a person", None, {})], "test")
+        assert res.commit and raced
+        assert git(store, "rev-parse", f"{res.commit}^").strip() == raced[0]
+        assert eng.writer.moved_retries == 1
+        assert Counter(head_contents(store)) == Counter(["already there", "raced with a person"])
+        assert eng.state.memory_ids() == load_state(store).memory_ids()
+    finally:
+        eng.close()
+
+
+def test_compare_and_swap_refuses_a_moved_branch(store: Path) -> None:
+    g = GitStore(store)
+    first = g.branch_head()
+    (store / "unsorted" / "u-x.yaml").write_text("memories: []\n")
+    g.commit(["unsorted/u-x.yaml"], "one")
+    g.base = first  # as if the daemon had not loaded that commit
+    (store / "unsorted" / "u-y.yaml").write_text("memories: []\n")
+    with pytest.raises(HeadMoved):
+        g.commit(["unsorted/u-y.yaml"], "two")
+    assert git(store, "log", "--format=%s", "-1").strip() == "one"
+
+
+def test_a_reset_while_stopped_is_reported_at_start(store: Path, short_tmp: Path) -> None:
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    with d.client() as c:
+        for i in range(3):
+            c.add(f"stopped-daemon memory {i}")
+    d.stop()
+    git(store, "reset", "-q", "--hard", "HEAD~1")
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            st = c.status()
+        assert st["history"]["memories_removed"] == 1
+        assert st["history"]["last"][-1]["noticed"] == "at start-up"
+    finally:
+        d.stop()
+
+
+def test_no_commit_is_written_to_commit_editmsg(daemon: InProcessDaemon) -> None:
+    """Commits are made with plumbing: no message of ours lingers in .git/COMMIT_EDITMSG."""
+    with daemon.client() as c:
+        c.add("a private memory that must not sit in COMMIT_EDITMSG")
+    editmsg = daemon.root / ".git" / "COMMIT_EDITMSG"
+    assert not editmsg.exists() or "private memory" not in editmsg.read_text()

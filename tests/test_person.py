@@ -1,0 +1,29 @@
+"""The person at the keyboard (benchmarks/person_harness.py, short run): ordinary git use
+in the store under load, and SIGKILLs, lose no acknowledged memory and hide no rewrite."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location(
+        "person_harness", ROOT / "benchmarks" / "person_harness.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["person_harness"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_person_at_the_keyboard_loses_nothing_acknowledged(short_tmp: Path) -> None:
+    report = _harness().run(rounds=1, kills=2, seed=5, workdir=short_tmp / "p", verbose=False)
+    print({k: v for k, v in report.items() if k != "problems"})
+    assert report["problems"] == []
+    assert sum(report["person_steps"].values()) == 14 and report["kills"] == 2
+    assert report["acked_after_last_rewrite"] > 0 and report["lost"] == 0
