@@ -69,7 +69,7 @@ def test_a_deleted_socket_is_recreated_and_the_cli_tells_the_truth(short_tmp: Pa
     finally:
         assert p.terminate() == 0
     r = _cli(store, "status")
-    assert r.returncode == 2 and "not running" in r.stderr and "pid" not in r.stderr
+    assert r.returncode == 69 and "not running" in r.stderr and "pid" not in r.stderr
 
 
 def test_lock_is_under_git(short_tmp: Path) -> None:
