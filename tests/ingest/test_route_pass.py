@@ -104,7 +104,7 @@ def test_a_failed_route_pass_changes_nothing_and_is_tried_again(
             raise OSError(28, "No space left on device")
 
         # the pass has moved the memories in the state when writing the cluster file fails
-        monkeypatch.setattr(writer, "write_cluster", disk_full)
+        monkeypatch.setattr(writer, "cluster_yaml", disk_full)
         with pytest.raises(OSError):
             eng.maybe_route()
         assert git(root, "rev-parse", "HEAD") == head
