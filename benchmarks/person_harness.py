@@ -56,7 +56,6 @@ POISON = {
     "p-late.yaml": b"content: far future\ncreated_at: 9999-12-31T23:59:59-14:00\n",
     "p-surrogate.json": b'{"content": "broken \\ud800 text"}',
 }
-REWRITES = ("reset", "rebase", "amend", "revert")
 
 
 def git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -271,6 +270,10 @@ class Person:
                 if git(self.root, "clean", "-fdxq", check=False).returncode == 0:
                     break
             self.load.forget_cleaned()
+        # a clean racing a commit of the daemon's can delete a file the daemon has just
+        # committed (it was untracked when clean listed it): the daemon commits and reports
+        # that deletion like a hand edit, so a clean counts as a step that may remove
+        self.last_rewrite_end = time.time()
 
     def merge(self) -> None:
         notes = self.root / "notes.txt"
