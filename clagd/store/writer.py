@@ -40,6 +40,7 @@ from clagd.store.history import HistoryLog, removed_between
 
 log = logging.getLogger("clagd.writer")
 DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
+TXN_FILE = "clagd-txn"
 # an operation whose commit found the branch moved is retried this often (after a reload)
 MOVED_RETRIES = 5
 
@@ -357,13 +358,14 @@ class Writer:
     # -- transaction marker: tells start-up that a change was half-written ----------
     @property
     def txn_file(self) -> Path:
-        return self.paths.runtime / "txn"
+        # in .git/: a person's `git clean -fdx` must not remove the mark of a change being
+        # written (a kill after it would leave that change staged, taken for the person's)
+        return self.paths.root / ".git" / TXN_FILE
 
     def begin_txn(self, what: str, paths: list[str] | None = None) -> None:
         """Mark a change as being written: its subject, then the files it may touch (none
         listed: it may touch any file under the data folders)."""
         lines = [what.replace("\n", " ")] + list(paths or [])
-        self.paths.runtime.mkdir(mode=0o700, exist_ok=True)  # removed by `git clean -fdx`
         atomic_write_text(self.txn_file, "\n".join(lines) + "\n")
 
     def end_txn(self) -> None:
@@ -392,6 +394,7 @@ class Writer:
                     self._restore_all()
                 result = self._attempt(fn, ctx, args, kw)
             except Paused as exc:
+                self.paused = str(exc)  # shown in status until a write goes through
                 # writes wait for the person; what this operation wrote goes back to HEAD
                 if ctx.touched or self.txn_file.exists():
                     self._rollback_worktree(ctx.touched_paths())

@@ -223,7 +223,7 @@ def test_half_written_change_is_discarded_at_start(store: Path, short_tmp: Path)
     (store / "unsorted" / "u-20260101T000000-abcdef.yaml").write_text(
         "memories:\n- {id: m-0000000000000001, content: half}\n"
     )
-    (store / ".clagd" / "txn").write_text("ingest\n")
+    (store / ".git" / "clagd-txn").write_text("ingest\n")
     d = InProcessDaemon(store, short_tmp / "s.sock")
     try:
         assert not (store / "unsorted" / "u-20260101T000000-abcdef.yaml").exists()

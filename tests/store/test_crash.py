@@ -100,7 +100,7 @@ def test_a_revert_killed_half_way_is_discarded(store: Path) -> None:
     # what a kill between `git revert --no-commit` and the commit leaves behind
     (store / ".clagd" / "warmstart.pickle").unlink(missing_ok=True)
     git(store, "revert", "--no-commit", sha)
-    (store / ".clagd" / "txn").write_text("revert: killed\n")
+    (store / ".git" / "clagd-txn").write_text("revert: killed\n")
     eng = Engine(store)
     try:
         assert any("half-written" in n for n in eng.notes)

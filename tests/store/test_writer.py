@@ -77,13 +77,13 @@ def test_start_after_a_kill_mid_write_restores_only_the_files_of_that_change(
     mine = root / "unsorted" / "u-20260101T000000-cccccc.yaml"
     mine.write_text(yaml.safe_dump({"memories": [Memory.new("the user's own note").to_dict()]}))
     rel = [str(p.relative_to(root)) for p in (shard, half)]
-    (root / ".clagd" / "txn").write_text("ingest: 1 memory\n" + "\n".join(rel) + "\n")
+    (root / ".git" / "clagd-txn").write_text("ingest: 1 memory\n" + "\n".join(rel) + "\n")
     eng = Engine(root)
     try:
         assert shard.read_text() == committed and not half.exists() and mine.exists()
         contents = sorted(m.content for m, _a, _k in eng.state.all_memories())
         assert contents == ["a committed memory", "the user's own note"]
-        assert not (root / ".clagd" / "txn").exists()
+        assert not (root / ".git" / "clagd-txn").exists()
     finally:
         eng.close()
 
