@@ -202,8 +202,7 @@ def test_accept_path_end_to_end(competent_daemon: InProcessDaemon, fake: FakeOll
 
 
 def test_backend_test_command(store: Path, fake: FakeOllama) -> None:
-    with open(store / "clagd.yaml", "a") as f:
-        f.write(f"\nbackend:\n  kind: ollama\n  ollama:\n    host: {fake.url}\n")
+    make_store(store, {"backend": {"kind": "ollama", "ollama": {"host": fake.url}}})
     runner = CliRunner()
     fake.default = JUNK["copied_example"]
     res = runner.invoke(main, ["--store", str(store), "backend", "test", "--json"])
@@ -214,8 +213,16 @@ def test_backend_test_command(store: Path, fake: FakeOllama) -> None:
     res = runner.invoke(main, ["--store", str(store), "doctor"])
     assert res.exit_code == 0 and "organize  model 1.00" in res.output
     assert "may: route, organize, name, judge" in res.output
-    with open(store / "clagd.yaml", "a") as f:
-        f.write("  llamacpp:\n    model_path: /nonexistent/model.gguf\n")
+    make_store(
+        store,
+        {
+            "backend": {
+                "kind": "ollama",
+                "ollama": {"host": fake.url},
+                "llamacpp": {"model_path": "/nonexistent/model.gguf"},
+            }
+        },
+    )
     res = runner.invoke(main, ["--store", str(store), "backend", "test", "--kind", "llamacpp"])
     assert res.exit_code == 0 and "no model answers" in res.output, res.output
     assert "GGUF file not found" in res.output
