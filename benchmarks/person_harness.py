@@ -168,6 +168,8 @@ class Person:
         self.root, self.daemon, self.load, self.rng = root, daemon, load, rng
         self.ops: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
+        # what the person had to clear up after git's own race for HEAD (see `merge`)
+        self.cleanups: Counter[str] = Counter()
         self.last_rewrite_end = 0.0
         self.removed: dict[str, set[str]] = {}  # op label -> ids it took out of HEAD
         self.kills = 0
@@ -183,16 +185,28 @@ class Person:
                     st = c.status()
             except Exception:  # noqa: BLE001 - re-created socket, restart
                 return False
-            if "staged in the memory folders" in st["paused"]:
-                # a git command of the person's lost a race with the daemon's commit and
-                # left the files of the commit before: the person reads status and resets
-                git(self.root, "reset", "-q", "--hard")
-                self.ops["reset_after_paused_staged"] += 1
+            if self.clear_staged_leftover(st):
                 return False
             head = git(self.root, "rev-parse", "HEAD").stdout.strip()
             return bool(st["paused"]) or st["head"] == head
 
         wait_for(taken_in, 30, "the daemon to take in the person's step")
+
+    def clear_staged_leftover(self, st: dict | None = None) -> bool:
+        """A git command of the person's that lost git's own race for HEAD with a commit
+        of the daemon's leaves the index (and files) of the commit before: the daemon
+        pauses and says so in status; the person reads it and resets. True: reset."""
+        if st is None:
+            try:
+                with Client(self.daemon.socket, timeout=10) as c:
+                    st = c.status()
+            except Exception:  # noqa: BLE001 - re-created socket, restart
+                return False
+        if "staged in the memory folders" not in st["paused"]:
+            return False
+        git(self.root, "reset", "-q", "--hard")
+        self.cleanups["reset_after_paused_staged"] += 1
+        return True
 
     def rewrite(self, label: str, *args: str) -> bool:
         before = head_ids(self.root)
@@ -287,10 +301,16 @@ class Person:
             r = git(self.root, "merge", "-q", f"m-{self.n}", check=False)
             if (self.root / ".git" / "MERGE_HEAD").exists():
                 break
+            self.clear_staged_leftover()  # git refuses to merge over staged leftovers
             time.sleep(0.1)
         assert r.returncode != 0 and (self.root / ".git" / "MERGE_HEAD").exists(), r.stderr
         time.sleep(0.5)
-        git(self.root, "merge", "--abort")
+        if git(self.root, "merge", "--abort", check=False).returncode != 0:
+            # the merge read HEAD just before a commit of the daemon's landed and wrote the
+            # index of the commit before (git's own race for HEAD): the daemon's new file is
+            # untracked now and `reset --merge` refuses to overwrite it; the person resets
+            git(self.root, "reset", "-q", "--hard")
+            self.cleanups["reset_after_failed_merge_abort"] += 1
 
     def revert(self) -> None:
         log = git(self.root, "log", "-n", "30", "--format=%H %s").stdout.splitlines()
@@ -441,6 +461,7 @@ def finish(root: Path, daemon: DaemonProcess, load: Load, person: Person) -> dic
     return {
         "person_steps": dict(person.ops),
         "skipped": dict(person.skipped),
+        "person_cleanups": dict(person.cleanups),
         "kills": person.kills,
         "files_dropped": load.counts["files"],
         "files_acked": load.counts["files_acked"],

@@ -84,27 +84,31 @@ class OutsideEdits:
         try:
             # a checkout or reset rewrites the files before it moves HEAD: what is read
             # while the person's git runs is not an edit (Paused: read again later)
-            ctx.reload_paths(sorted(changed), commit=None, settled=True)
+            candidate, changes = ctx.read_paths(sorted(changed), settled=True)
         except StoreError as exc:
             self._sig = sig
             self.blocked = {Path(p).stem for p in dirty if p.startswith("clusters/")}
             self.error = str(exc)
             log.error("outside edit rejected, still serving the last good state: %s", exc)
             return OutsideChange(ok=False, error=str(exc))
-        self._clear()
         sha = None
         if dirty:
+            # committed before it is served: when the commit fails (the person's git took
+            # the store or the index meanwhile), the last good state stays served, and an
+            # edit undone meanwhile (a checkout and back, a reset) is never served at all
             sha = ctx.git.commit(
                 dirty,
                 f"edit: {len(dirty)} file(s) changed outside clagd",
                 "\n".join(dirty),
                 {"kind": "edit"},
             )
-            removed = set(known) - ctx.state.memory_ids()
+            removed = set(known) - candidate.memory_ids()
             if sha and removed and head:
                 # memories deleted by hand (or by a git command of the person's): reported
                 # like a rewrite, never silent
                 ctx.w.history.record(head, sha, removed, False, "edit committed by clagd")
+        ctx.adopt(candidate, changes)
+        self._clear()
         log.info(
             "outside change loaded (%d files%s)",
             len(changed),

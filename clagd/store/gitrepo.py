@@ -474,9 +474,17 @@ class GitStore:
             tracked = set(self.run("ls-files", "-z", "--", *gone).split("\0"))
             lost = [p for p in gone if p not in tracked]
             if lost:
+                # tracked in the commit the view is on: a git command of the person's took
+                # it out of the index (a staged deletion), not a clean of an untracked file
+                was = self.base and self.run("ls-tree", "--name-only", self.base, "--", lost[0])
                 raise StoreError(
-                    f"{lost[0]} was removed while clagd wrote it (git clean?); nothing was "
-                    "committed, the change is made again"
+                    f"{lost[0]} was removed while clagd committed it ("
+                    + (
+                        "staged as deleted by a git command of the person's"
+                        if was
+                        else "git clean?"
+                    )
+                    + "); nothing was committed, the change is made again"
                 )
         fs = () if fsync else ("-c", "core.fsync=none")
         self.run(*fs, "add", "-A", "--", *paths)

@@ -247,20 +247,31 @@ class WriteContext:
     def reload_paths(
         self, rel_paths: list[str], commit: str | None = None, settled: bool = False
     ) -> Changes:
-        """Re-read the given store files from the working tree into the state. Raises
-        StoreError (state unchanged) when a file is broken or ids collide. `settled`: the
-        files are taken only if no git command of the person's ran while they were read
-        (a checkout rewrites the working tree before it moves HEAD): Paused otherwise."""
+        """Re-read the given store files from the working tree into the state (see
+        `read_paths`) and publish them."""
+        candidate, changes = self.read_paths(rel_paths, settled)
+        self.adopt(candidate, changes, commit)
+        return changes
+
+    def read_paths(self, rel_paths: list[str], settled: bool = False) -> tuple[StoreState, Changes]:
+        """The state with the given store files re-read from the working tree, and the
+        index changes to it; nothing is published. Raises StoreError when a file is broken
+        or ids collide. `settled`: the files are taken only if no git command of the
+        person's ran while they were read (a checkout rewrites the working tree before it
+        moves HEAD): Paused otherwise."""
         head = self.git.head() if settled else None
         candidate, changes = read_changes(self.paths.root, self.w.state, rel_paths)
         if settled:
             self.git.check_not_paused()
             if self.git.head() != head:
                 raise Paused("HEAD moved while clagd read the files; it reads them again")
+        return candidate, changes
+
+    def adopt(self, state: StoreState, changes: Changes, commit: str | None = None) -> None:
+        """Make `state` (from `read_paths`) the served one."""
         changes.commit = commit
-        self.w.state = candidate
+        self.w.state = state
         self.w.publish(changes)
-        return changes
 
     def reload_all(self) -> None:
         self.w.state = load_state(self.paths.root)
@@ -424,7 +435,9 @@ class Writer:
                     raise
                 self.moved_retries += 1
                 log.info("%s; reloading HEAD and trying again", exc)
-                self._rollback_worktree(ctx.touched_paths())
+                if ctx.touched or self.txn_file.exists():
+                    # (nothing touched: e.g. a hand edit's commit; the person's files stay)
+                    self._rollback_worktree(ctx.touched_paths())
                 ctx.clear()
         raise AssertionError("unreachable")
 

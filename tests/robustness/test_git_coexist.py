@@ -16,7 +16,7 @@ from helpers import InProcessDaemon, git, head_contents, wait_for
 
 from clagd.client import ClientError
 from clagd.engine.core import Engine
-from clagd.errors import HeadMoved
+from clagd.errors import HeadMoved, StoreError
 from clagd.ingest.inbox import Item
 from clagd.store.files import load_state
 from clagd.store.gitrepo import GitStore
@@ -239,3 +239,86 @@ def test_no_commit_is_written_to_commit_editmsg(daemon: InProcessDaemon) -> None
         c.add("a private memory that must not sit in COMMIT_EDITMSG")
     editmsg = daemon.root / ".git" / "COMMIT_EDITMSG"
     assert not editmsg.exists() or "private memory" not in editmsg.read_text()
+
+
+def _served_is_a_fresh_load_of_head(eng: Engine, store: Path) -> None:
+    """The served state (the writer's state and the index) equals a fresh load of HEAD."""
+    fresh = {m.id for m, _a, _k in load_state_at_head(store).all_memories()}
+    assert eng.state.memory_ids() == fresh
+    assert len(eng.index) == len(fresh)
+
+
+def load_state_at_head(store: Path):  # noqa: ANN201 - a StoreState
+    """HEAD's store, checked out into a scratch folder (the working tree may differ)."""
+    scratch = store.parent / "head-copy"
+    subprocess.run(["rm", "-rf", str(scratch)], check=True)
+    git(store, "worktree", "add", "-q", "--detach", str(scratch), "HEAD")
+    try:
+        return load_state(scratch)
+    finally:
+        git(store, "worktree", "remove", "--force", str(scratch))
+
+
+def test_a_hand_edit_whose_commit_fails_is_not_served(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-added memory file is taken in, but the person's git takes the store between
+    the daemon's `git add` and its commit (here `git checkout -b`), and the person then drops
+    the file: the memory was never in HEAD and must never be served (it was: daemon 1,555,
+    HEAD 1,554 in the person harness)."""
+    eng = Engine(store)
+    try:
+        eng.ingest([Item("a memory in HEAD", None, {})], "test")
+        hand = store / "unsorted" / "u-20260101T000000-aaaaaaaaaaaa.yaml"
+        hand.write_text("memories:\n- content: a memory the person drops again\n")
+        real = GitStore._stage
+
+        def person_checks_out_a_branch(self: GitStore, paths: list[str], fsync: bool) -> None:
+            real(self, paths, fsync)
+            git(store, "checkout", "-q", "-b", "side")
+
+        monkeypatch.setattr(GitStore, "_stage", person_checks_out_a_branch)
+        out = eng.check_outside()
+        assert out is not None and "paused" in out
+        monkeypatch.setattr(GitStore, "_stage", real)
+        git(store, "checkout", "-q", "main")
+        git(store, "reset", "-q", "--hard")  # the person drops the file (staged by the daemon)
+        assert not hand.exists()
+        assert eng.check_outside() is None
+        _served_is_a_fresh_load_of_head(eng, store)
+        assert Counter(head_contents(store)) == Counter(["a memory in HEAD"])
+    finally:
+        eng.close()
+
+
+def test_a_file_unstaged_by_the_persons_git_while_clagd_commits_is_not_dropped(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard is deleted in the working tree (a person's git command half-way: the file is
+    gone, then its index entry too) while the daemon takes the deletion in: its commit fails
+    ("staged as deleted by a git command of the person's"), and once the person restores the
+    file the daemon must still serve its memories (it served HEAD minus them, and retried
+    the commit until the staged-changes pause took over: harness seed 11)."""
+    eng = Engine(store)
+    try:
+        eng.ingest([Item("shard memory one", None, {}), Item("shard memory two", None, {})], "t")
+        shard = next((store / "unsorted").glob("u-*.yaml"))
+        rel = str(shard.relative_to(store))
+        shard.unlink()
+        real = GitStore._stage
+
+        def person_unstages_it(self: GitStore, paths: list[str], fsync: bool) -> None:
+            git(store, "rm", "-q", "--cached", rel)
+            real(self, paths, fsync)
+
+        monkeypatch.setattr(GitStore, "_stage", person_unstages_it)
+        with pytest.raises(StoreError, match="staged as deleted by a git command"):
+            eng.writer.call(eng._outside_op)
+        monkeypatch.setattr(GitStore, "_stage", real)
+        git(store, "reset", "-q", "--hard")  # the person puts it back
+        assert shard.exists()
+        assert eng.check_outside() is None
+        _served_is_a_fresh_load_of_head(eng, store)
+        assert len(eng.index) == 2
+    finally:
+        eng.close()

@@ -224,7 +224,7 @@ def test_a_clean_removing_a_file_mid_write_is_not_acknowledged(
             real(self, paths, fsync)
 
         monkeypatch.setattr(GitStore, "_stage", person_cleans_first)
-        with pytest.raises(Exception, match="removed while clagd wrote it"):
+        with pytest.raises(Exception, match=r"removed while clagd committed it \(git clean\?\)"):
             eng.ingest([Item("written while the person cleans", None, {})], "test")
         assert head_contents(store) == []
         res = eng.ingest([Item("written while the person cleans", None, {})], "test")
