@@ -17,7 +17,7 @@ from pathlib import Path
 from clagd.errors import StoreError
 from clagd.model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id, new_id
 from clagd.store.durable import atomic_write_text
-from clagd.yamlio import YamlError, dumps, load_yaml_file
+from clagd.yamlio import YamlError, dumps, load_yaml_file, loads
 
 CLUSTERS = "clusters"
 ARCHIVE = "archive"
@@ -180,9 +180,9 @@ def _check_memory(m: Memory, where: str, seen: dict[str, str], errors: list[str]
         errors.append(f"{where}: memory {m.id} has empty content")
 
 
-def _load_cluster(path: Path, errors: list[str]) -> Cluster | None:
+def _load_cluster(path: Path, errors: list[str], text: str | None = None) -> Cluster | None:
     try:
-        data = load_yaml_file(path)
+        data = load_yaml_file(path) if text is None else loads(text)
         if not isinstance(data, dict):
             raise ValueError("not a mapping")
         c = Cluster.from_dict(data)
@@ -198,9 +198,9 @@ def _load_cluster(path: Path, errors: list[str]) -> Cluster | None:
     return c
 
 
-def _load_shard(path: Path, errors: list[str]) -> list[Memory] | None:
+def _load_shard(path: Path, errors: list[str], text: str | None = None) -> list[Memory] | None:
     try:
-        data = load_yaml_file(path)
+        data = load_yaml_file(path) if text is None else loads(text)
         if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
             raise ValueError("expected a mapping with a 'memories' list")
         return [Memory.from_dict(m) for m in data["memories"]]
@@ -257,19 +257,25 @@ def ignored_files(root: Path, limit: int = 50) -> list[str]:
     return out
 
 
-def read_files(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, FileUpdate]:
+def read_files(
+    root: Path, base: StoreState, rel_paths: list[str], texts: dict[str, str] | None = None
+) -> tuple[StoreState, FileUpdate]:
     """`base` with the given files re-read from the working tree (a missing file is a
     removal); `base` itself is not modified. Raises StoreError naming every problem: broken
     files, bad ids, a memory in two places. So a broken hand edit is reported whole, and
     nothing half-read is ever served."""
     errors: list[str] = []
-    upd = parse_files(root, rel_paths, errors)
+    upd = parse_files(root, rel_paths, errors, texts)
     return apply_update(base, upd, errors), upd
 
 
-def parse_files(root: Path, rel_paths: list[str], errors: list[str]) -> FileUpdate:
+def parse_files(
+    root: Path, rel_paths: list[str], errors: list[str], texts: dict[str, str] | None = None
+) -> FileUpdate:
     """Parse each given store file on its own (no check across files); problems are added
-    to `errors`. Paths that are not store data files are skipped."""
+    to `errors`. Paths that are not store data files are skipped. `texts`: the files'
+    contents as a commit holds them (a path not in it is absent), instead of the working
+    tree, which a person's git command may be rewriting."""
     paths = Paths(Path(root))
     upd = FileUpdate()
     for rel in rel_paths:
@@ -277,11 +283,13 @@ def parse_files(root: Path, rel_paths: list[str], errors: list[str]) -> FileUpda
         if not is_data_path(rel):
             continue  # not a memory file: ignored (listed in status)
         full = paths.root / p
+        text = texts.get(rel) if texts is not None else None
+        there = rel in texts if texts is not None else full.exists()
         if p.parts[0] == UNSORTED:
-            upd.shards[p.stem] = _load_shard(full, errors) if full.exists() else None
+            upd.shards[p.stem] = _load_shard(full, errors, text) if there else None
         else:
             target = upd.clusters if p.parts[0] == CLUSTERS else upd.archive
-            target[p.stem] = _load_cluster(full, errors) if full.exists() else None
+            target[p.stem] = _load_cluster(full, errors, text) if there else None
     return upd
 
 

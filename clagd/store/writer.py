@@ -278,9 +278,12 @@ class WriteContext:
         self.w.publish(Changes(full=True, commit=self.w.git.head()))
 
 
-def read_changes(root: Path, base: StoreState, rel_paths: list[str]) -> tuple[StoreState, Changes]:
-    """`read_files`, plus the index changes that take `base` to the new state."""
-    state, upd = read_files(root, base, rel_paths)
+def read_changes(
+    root: Path, base: StoreState, rel_paths: list[str], texts: dict[str, str] | None = None
+) -> tuple[StoreState, Changes]:
+    """`read_files`, plus the index changes that take `base` to the new state. `texts`: the
+    files as a commit holds them, instead of the working tree (see `parse_files`)."""
+    state, upd = read_files(root, base, rel_paths, texts)
     changes = Changes(archive_changed=bool(upd.archive))
     for cid, c in upd.clusters.items():
         if c is None:
@@ -458,8 +461,12 @@ class Writer:
         removed = removed_between(self.paths.root, old, head) if old else None
         try:
             if old is not None and head is not None and removed is not None:
-                changed = set(self.git.changed_between(old, head, DATA_DIRS))
-                state, changes = read_changes(self.paths.root, self.state, sorted(changed))
+                changed = sorted(set(self.git.changed_between(old, head, DATA_DIRS)))
+                # from the new commit's objects, not the working tree: a git command of the
+                # person's may be rewriting (or have just restored) the files, and a state
+                # read from such a passing tree is never read again (served != HEAD)
+                texts = self.git.texts_at(head, changed)
+                state, changes = read_changes(self.paths.root, self.state, changed, texts)
             else:  # unknown or pruned history: everything
                 state, changes = load_state(self.paths.root), Changes(full=True)
             self.git.check_not_paused()  # no git command of the person's ran meanwhile

@@ -18,6 +18,7 @@ from clagd.client import ClientError
 from clagd.engine.core import Engine
 from clagd.errors import HeadMoved, StoreError
 from clagd.ingest.inbox import Item
+from clagd.model import memory_id
 from clagd.store.files import load_state
 from clagd.store.gitrepo import GitStore
 
@@ -317,6 +318,52 @@ def test_a_file_unstaged_by_the_persons_git_while_clagd_commits_is_not_dropped(
         monkeypatch.setattr(GitStore, "_stage", real)
         git(store, "reset", "-q", "--hard")  # the person puts it back
         assert shard.exists()
+        assert eng.check_outside() is None
+        _served_is_a_fresh_load_of_head(eng, store)
+        assert len(eng.index) == 2
+    finally:
+        eng.close()
+
+
+def test_a_move_of_the_branch_is_read_from_the_commit_not_a_passing_working_tree(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The person commits a memory file; while the daemon takes the move in, a git command
+    of the person's has the file rewritten for an instant (and restored before the daemon
+    checks): the daemon must serve what the commit holds, not what it saw in passing (it
+    served HEAD - 1, and nothing read the file again)."""
+    eng = Engine(store)
+    try:
+        eng.ingest([Item("the daemon's memory", None, {})], "test")
+        theirs = store / "unsorted" / "u-20260101T000000-bbbbbbbbbbbb.yaml"
+        text = "the person's committed memory"
+        theirs.write_text(
+            f"memories:\n- id: {memory_id(text)}\n  content: {text}\n"
+            "  created_at: '2026-01-01T00:00:00Z'\n"
+        )
+        git(store, "add", str(theirs.relative_to(store)))
+        git(store, "commit", "-qm", "the person's memory")
+        real_changed, real_check = GitStore.changed_between, GitStore.check_not_paused
+        passing: list[str] = []
+
+        def a_git_command_rewrites_it(self: GitStore, old: str, new: str, dirs) -> list[str]:  # noqa: ANN001
+            if not passing:
+                theirs.write_text("memories: []\n")  # half-way through the person's command
+                passing.append("rewritten")
+            return real_changed(self, old, new, dirs)
+
+        def and_restores_it_before_the_check(self: GitStore) -> None:
+            if passing == ["rewritten"]:
+                git(store, "checkout", "-q", "--", str(theirs.relative_to(store)))
+                passing.append("restored")
+            real_check(self)
+
+        monkeypatch.setattr(GitStore, "changed_between", a_git_command_rewrites_it)
+        monkeypatch.setattr(GitStore, "check_not_paused", and_restores_it_before_the_check)
+        eng.check_outside()
+        assert passing == ["rewritten", "restored"]
+        monkeypatch.setattr(GitStore, "changed_between", real_changed)
+        monkeypatch.setattr(GitStore, "check_not_paused", real_check)
         assert eng.check_outside() is None
         _served_is_a_fresh_load_of_head(eng, store)
         assert len(eng.index) == 2
