@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import subprocess
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -353,17 +354,36 @@ class GitStore:
             if rel not in in_head:
                 (self.root / rel).unlink(missing_ok=True)
 
-    def texts_at(self, commit: str, rel_paths: list[str]) -> dict[str, str]:
-        """The contents of these files in `commit` (a file it does not hold is left out),
-        read from git's objects, which no git command of the person's can be rewriting."""
+    def texts_at(self, commit: str, rel_paths: Iterable[str]) -> dict[str, str]:
+        """The contents of these files (or of every file under these folders) in `commit`
+        (a file it does not hold is left out), read from git's objects, which no git command
+        of the person's can be rewriting. One `cat-file --batch` reads them all."""
+        rel_paths = list(rel_paths)
         if not rel_paths:
             return {}
-        out = self.run("ls-tree", "-r", "--name-only", "-z", commit, "--", *rel_paths)
-        return {
-            rel: self.run("cat-file", "blob", f"{commit}:{rel}", strip_newline_in_stdout=False)
-            for rel in out.split("\0")
-            if rel
-        }
+        out = self.run("ls-tree", "-r", "-z", commit, "--", *rel_paths)
+        entries = []
+        for entry in out.split("\0"):
+            meta, _, path = entry.partition("\t")
+            if path and meta.split()[1] == "blob":
+                entries.append((path, meta.split()[2]))
+        if not entries:
+            return {}
+        proc = subprocess.run(
+            ["git", "cat-file", "--batch"],
+            cwd=self.root,
+            input="".join(f"{sha}\n" for _p, sha in entries).encode(),
+            capture_output=True,
+            check=True,
+        )
+        data, pos, texts = proc.stdout, 0, {}
+        for path, _sha in entries:
+            header_end = data.index(b"\n", pos)
+            size = int(data[pos:header_end].split()[2])
+            start = header_end + 1
+            texts[path] = data[start : start + size].decode("utf-8", errors="replace")
+            pos = start + size + 1
+        return texts
 
     def staged_paths(self, dirs: Iterable[str]) -> list[str]:
         """Paths under `dirs` whose index entry differs from HEAD."""
@@ -517,18 +537,35 @@ class GitStore:
 
     def update_branch(self, new: str, expected: str | None, why: str) -> None:
         """Move the daemon's branch from `expected` to `new`, atomically, or raise: HeadMoved
-        when the branch is no longer at `expected`, StoreError when git could not write."""
+        when the branch is no longer at `expected`, Paused when the person's git took the
+        store meanwhile, StoreError when git could not write.
+
+        Moving the branch HEAD points to also locks HEAD (for its reflog): a person's
+        checkout or commit holding that lock for an instant fails the update with "cannot
+        lock ref" while the branch has not moved. That is retried (the update is a
+        compare-and-swap, so a retry can never land twice) for up to LOCK_WAIT seconds,
+        and ends as a pause when the person's command leaves the store on another branch."""
         ref = f"refs/heads/{self.branch}"
-        try:
-            self.run("update-ref", "-m", f"clagd: {why}"[:200], ref, new, expected or "")
-        except GitCommandError as exc:
-            now = self.branch_head()
-            if now != expected:
-                raise HeadMoved(
-                    f"branch {self.branch!r} moved to {str(now)[:10]} while clagd committed "
-                    f"on {str(expected)[:10]}"
-                ) from None
-            raise StoreError(f"cannot update {ref}: {_first_line(exc.stderr)}") from None
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                self.run("update-ref", "-m", f"clagd: {why}"[:200], ref, new, expected or "")
+                break
+            except GitCommandError as exc:
+                now = self.branch_head()
+                if now != expected:
+                    raise HeadMoved(
+                        f"branch {self.branch!r} moved to {str(now)[:10]} while clagd "
+                        f"committed on {str(expected)[:10]}"
+                    ) from None
+                retry = "cannot lock ref" in str(exc.stderr) and time.monotonic() < deadline
+                if retry:
+                    time.sleep(0.05)  # the person's command ends, or moves HEAD meanwhile
+                reason = self.pause_reason()
+                if reason:
+                    raise Paused(reason) from None
+                if not retry:
+                    raise StoreError(f"cannot update {ref}: {_first_line(exc.stderr)}") from None
         self.base = new
 
     def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
@@ -651,8 +688,8 @@ class _Stdin:
 
 def _first_line(text: Any) -> str:
     for line in str(text or "").splitlines():
-        line = line.strip().strip("'").strip()
-        if line and not line.startswith("stderr:"):
+        line = line.strip().removeprefix("stderr:").strip().strip("'").strip()
+        if line:
             return line
     return str(text).strip()
 

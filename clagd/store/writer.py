@@ -491,14 +491,23 @@ class Writer:
 
     def _rollback_worktree(self, rel_paths: list[str]) -> None:
         """Put the files a failed operation touched back to HEAD and re-read exactly those
-        (an operation marks a file before it changes the state behind it). Other files, and
+        from the daemon's commit (an operation marks a file before it changes the state
+        behind it). Other files, and
         a hand edit in progress elsewhere in the store, are left alone."""
         if rel_paths:
             try:
                 self.git.restore_paths(rel_paths)
                 self.end_txn()
-                self.state, changes = read_changes(self.paths.root, self.state, rel_paths)
-                changes.commit = self.git.head()
+                # the state goes back to the commit the view is on (`base`), read from git's
+                # objects: HEAD may be the person's checkout of another branch (the reason
+                # the operation was paused) or a working tree in the middle of a git command
+                # of theirs, and a state read from those files is never read again once the
+                # person is back (served != HEAD); a move of the branch is taken in by the
+                # next `sync`, as always
+                base = self.git.base
+                texts = self.git.texts_at(base, rel_paths) if base else {}
+                self.state, changes = read_changes(self.paths.root, self.state, rel_paths, texts)
+                changes.commit = base
                 self.publish(changes)
                 log.info("put %d file(s) back to HEAD after a failed operation", len(rel_paths))
                 return
@@ -516,6 +525,9 @@ class Writer:
     def _restore_all(self) -> None:
         self.git.reset_paths_to_head(DATA_DIRS)
         self.end_txn()
-        self.state = load_state(self.paths.root)
+        # from the daemon's commit, not the working tree (see `_rollback_worktree`)
+        base = self.git.base
+        texts = self.git.texts_at(base, DATA_DIRS) if base else {}
+        self.state = read_files(self.paths.root, StoreState(), sorted(texts), texts)[0]
         self._needs_restore = False
-        self.publish(Changes(full=True, commit=self.git.head()))
+        self.publish(Changes(full=True, commit=base))

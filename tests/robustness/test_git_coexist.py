@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -16,11 +17,12 @@ from helpers import InProcessDaemon, git, head_contents, wait_for
 
 from clagd.client import ClientError
 from clagd.engine.core import Engine
-from clagd.errors import HeadMoved, StoreError
+from clagd.errors import HeadMoved, Paused, StoreError
 from clagd.ingest.inbox import Item
 from clagd.model import memory_id
 from clagd.store.files import load_state
 from clagd.store.gitrepo import GitStore
+from clagd.store.writer import WriteContext
 
 
 def _drop(root: Path, name: str, text: str) -> Path:
@@ -367,5 +369,122 @@ def test_a_move_of_the_branch_is_read_from_the_commit_not_a_passing_working_tree
         assert eng.check_outside() is None
         _served_is_a_fresh_load_of_head(eng, store)
         assert len(eng.index) == 2
+    finally:
+        eng.close()
+
+
+def test_a_rollback_under_the_persons_checkout_is_read_from_the_daemons_commit(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The person checks out another branch (where a shard of the daemon's holds one more
+    memory) just after the daemon's session began: the session's commit is refused (paused)
+    and its files go back to HEAD, which is the person's branch then. The daemon's state
+    must go back to its own commit, not to the files of the person's checkout: queries are
+    served from the last good state while paused, and a state read from the person's files
+    may never be read again once the person is back (the person harness ended with the
+    daemon serving HEAD + 1)."""
+    eng = Engine(store)
+    try:
+        texts = [f"a memory about gardening tomatoes number {i}" for i in range(6)]
+        eng.ingest([Item(t, None, {}) for t in texts], "test")
+        shard = next((store / "unsorted").glob("u-*.yaml"))
+        rel = str(shard.relative_to(store))
+        extra = "a memory that only the side branch holds"
+        git(store, "checkout", "-q", "-b", "side")
+        shard.write_text(
+            shard.read_text()
+            + f"- id: {memory_id(extra)}\n  content: {extra}\n  created_at: '2026-01-01T00:00:00Z'\n"
+        )
+        git(store, "commit", "-qam", "the person's memory on side")
+        git(store, "checkout", "-q", "main")
+        assert eng.check_outside() is None
+        real = WriteContext.commit
+        checked_out: list[str] = []
+
+        def person_checks_out_side_first(self: WriteContext, *a, **kw):  # noqa: ANN002, ANN003, ANN202
+            if not checked_out:
+                git(store, "checkout", "-q", "side")
+                checked_out.append(rel)
+            return real(self, *a, **kw)
+
+        monkeypatch.setattr(WriteContext, "commit", person_checks_out_side_first)
+        with pytest.raises(Paused):
+            eng.recluster()
+        assert checked_out
+        monkeypatch.setattr(WriteContext, "commit", real)
+        assert extra in shard.read_text()  # the working tree is the person's branch
+        # while paused, the last good state is served: the daemon's commit, not the
+        # person's checkout
+        assert memory_id(extra) not in eng.state.memory_ids()
+        assert len(eng.index) == len(texts)
+        git(store, "checkout", "-q", "main")
+        eng.check_outside()
+        _served_is_a_fresh_load_of_head(eng, store)
+        assert len(eng.index) == len(texts)
+    finally:
+        eng.close()
+
+
+def test_a_head_lock_held_by_the_persons_git_is_waited_for(store: Path) -> None:
+    """Moving the branch HEAD points to also locks HEAD: a person's git command holding
+    `.git/HEAD.lock` for an instant made the daemon's commit fail ("cannot lock ref 'HEAD'")
+    and an `add` answer `store`. The compare-and-swap is retried until the lock is gone."""
+    eng = Engine(store)
+    lock = store / ".git" / "HEAD.lock"
+    try:
+        lock.write_text("ref: refs/heads/main\n")
+        released = threading.Event()
+
+        def person_finishes() -> None:
+            lock.unlink()
+            released.set()
+
+        timer = threading.Timer(0.3, person_finishes)
+        timer.start()
+        res = eng.ingest([Item("a memory committed once HEAD is free", None, {})], "test")
+        assert released.is_set() and res.commit
+        assert git(store, "rev-parse", "HEAD").strip() == res.commit
+        assert head_contents(store) == ["a memory committed once HEAD is free"]
+    finally:
+        eng.close()
+
+
+def test_a_checkout_that_holds_head_while_clagd_commits_pauses_it(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person's `git checkout side` holds HEAD's lock at the instant the daemon moves its
+    branch, then points HEAD at `side`: the operation is paused (nothing acknowledged, the
+    branch not moved), not failed, and it goes through once the person is back."""
+    eng = Engine(store)
+    try:
+        eng.ingest([Item("already there", None, {})], "test")
+        before = git(store, "rev-parse", "main").strip()
+        git(store, "branch", "side")
+        gitdir = store / ".git"
+        real = GitStore.update_branch
+
+        def checkout_ends() -> None:
+            os.rename(gitdir / "HEAD.lock", gitdir / "HEAD")
+            (gitdir / "index.lock").unlink()
+
+        def person_checks_out_side(self: GitStore, new: str, expected, why: str) -> None:  # noqa: ANN001
+            # git checkout: the index lock for the whole command, HEAD's lock at its end
+            (gitdir / "index.lock").write_bytes(b"")
+            (gitdir / "HEAD.lock").write_text("ref: refs/heads/side\n")
+            threading.Timer(0.2, checkout_ends).start()
+            real(self, new, expected, why)
+
+        monkeypatch.setattr(GitStore, "update_branch", person_checks_out_side)
+        with pytest.raises(Paused):
+            eng.ingest([Item("a memory added during the checkout", None, {})], "test")
+        monkeypatch.setattr(GitStore, "update_branch", real)
+        assert git(store, "rev-parse", "main").strip() == before
+        git(store, "checkout", "-q", "main")
+        res = eng.ingest([Item("a memory added during the checkout", None, {})], "test")
+        assert res.commit
+        assert Counter(head_contents(store)) == Counter(
+            ["already there", "a memory added during the checkout"]
+        )
+        _served_is_a_fresh_load_of_head(eng, store)
     finally:
         eng.close()
