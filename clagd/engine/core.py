@@ -32,9 +32,9 @@ from clagd.ingest.inbox import Item, validate_item
 from clagd.model import Memory, iso_utc
 from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
-from clagd.store.files import Paths, StoreState, ignored_files, is_store
+from clagd.store.files import Paths, StoreState, ignored_files, is_data_path, is_store
 from clagd.store.gitrepo import GitStore
-from clagd.store.writer import Changes, WriteContext, Writer
+from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer, read_changes
 
 log = logging.getLogger("clagd")
 
@@ -98,7 +98,29 @@ class Engine:
             state, self.index = loaded.state, loaded.index
             self.load_source = "files"
             self.load_processes = loaded.workers
+        state = self._served_from_head(state)
         self.load_seconds = time.monotonic() - t0
+        return state
+
+    def _served_from_head(self, state: StoreState) -> StoreState:
+        """The state as HEAD holds it. The working tree may hold changes that are not in
+        HEAD: a hand edit (taken in and committed by the first outside check, then served),
+        or a person's staged files (a `stash pop`, a git command that lost git's race for
+        HEAD: writes pause until the person commits or resets). Served before they are
+        committed, such a change would stay served after a `reset --hard` drops it."""
+        pending = sorted({p for p in self.git.dirty_paths(DATA_DIRS) if is_data_path(p)})
+        self._outside_at_start = bool(pending)
+        if not pending or not self.head:
+            return state
+        texts = self.git.texts_at(self.head, pending)
+        state, changes = read_changes(self.root, state, pending, texts)
+        self.index = self.index.apply(
+            upsert_clusters=changes.upsert_clusters,
+            remove_clusters=changes.remove_clusters,
+            add_unsorted=changes.add_unsorted,
+            remove_unsorted=changes.remove_unsorted,
+        )
+        log.info("%d file(s) differ from HEAD: serving HEAD until they are taken in", len(pending))
         return state
 
     def _log_loaded(self, state: StoreState) -> None:
@@ -119,6 +141,13 @@ class Engine:
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
         self.writer.start()
+        if self._outside_at_start:
+            # a hand edit made while no daemon ran: committed, then served (see
+            # `_served_from_head`); a person's staged files pause writes until resolved
+            try:
+                self.check_outside()
+            except Exception as exc:  # noqa: BLE001 - reported by status; retried later
+                log.warning("could not take in the changes made while stopped: %s", exc)
 
     def close(self) -> None:
         if self.writer.alive():

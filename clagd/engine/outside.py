@@ -16,7 +16,7 @@ from typing import Any
 
 from clagd.engine.identity import fix_identities
 from clagd.errors import Paused, StoreError
-from clagd.store.files import data_files, is_data_path
+from clagd.store.files import StoreState, data_files, is_data_path, memories_in
 from clagd.store.writer import DATA_DIRS, WriteContext
 
 log = logging.getLogger("clagd")
@@ -60,6 +60,11 @@ class OutsideEdits:
                 f"{f' and {len(staged) - 1} more' if len(staged) > 1 else ''}): commit them, "
                 "or git reset --hard to drop them (writes resume by themselves)"
             )
+        edited, before = ctx.w.take_reidentify()
+        if edited:
+            # memories the person edited by hand and committed: the id of their content,
+            # committed by the daemon as an edit (the files are rewritten, so dirty below)
+            fix_identities(self.root, edited, before)
         # only memory files: an editor's swap file or a backup is never read or committed
         dirty = [p for p in ctx.git.dirty_paths(DATA_DIRS) if is_data_path(p)]
         moved = head != known_head
@@ -102,7 +107,7 @@ class OutsideEdits:
                 "\n".join(dirty),
                 {"kind": "edit"},
             )
-            removed = set(known) - candidate.memory_ids()
+            removed = set(known) - candidate.memory_ids() - _previous_ids(candidate, dirty)
             if sha and removed and head:
                 # memories deleted by hand (or by a git command of the person's): reported
                 # like a rewrite, never silent
@@ -120,6 +125,16 @@ class OutsideEdits:
         self._sig = None
         self.error = ""
         self.blocked = set()
+
+
+def _previous_ids(state: StoreState, rel_paths: list[str]) -> set[str]:
+    """The old ids of memories that got the id of their edited content: not removed."""
+    out: set[str] = set()
+    for m in memories_in(state, rel_paths):
+        prev = m.metadata.get("previous_ids") if isinstance(m.metadata, dict) else None
+        if isinstance(prev, list):
+            out.update(str(x) for x in prev)
+    return out
 
 
 def _mtime(p: Path) -> float:

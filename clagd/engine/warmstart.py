@@ -92,12 +92,13 @@ class WarmStart:
 
     def _catch_up(self, root: Path, git: GitStore, head: str, data: dict[str, Any]) -> Loaded:
         saved, state, index = data["head"], data["state"], data["index"]
-        changed = set(git.dirty_paths(DATA_DIRS))
-        if saved != head:
-            changed.update(git.changed_between(saved, head, DATA_DIRS))
+        # what HEAD holds (from git's objects); the working tree's own changes are the
+        # engine's to take in, like any outside edit (see `Engine._load`)
+        changed = set(git.changed_between(saved, head, DATA_DIRS)) if saved != head else set()
         note = ""
         if changed:
-            state, changes = read_changes(root, state, sorted(changed))
+            texts = git.texts_at(head, sorted(changed))
+            state, changes = read_changes(root, state, sorted(changed), texts)
             index = index.apply(
                 upsert_clusters=changes.upsert_clusters,
                 remove_clusters=changes.remove_clusters,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -317,6 +317,21 @@ def apply_update(base: StoreState, upd: FileUpdate, errors: list[str]) -> StoreS
     if errors:
         raise StoreError("invalid store: " + "; ".join(errors[:20]))
     return state
+
+
+def memories_in(state: StoreState, rel_paths: Iterable[str]) -> Iterator[Memory]:
+    """The memories `state` holds in these store files (other paths are skipped)."""
+    for rel in rel_paths:
+        p = Path(rel)
+        if not is_data_path(rel):
+            continue
+        if p.parts[0] == UNSORTED:
+            yield from state.unsorted.get(p.stem, [])
+        else:
+            area = state.clusters if p.parts[0] == CLUSTERS else state.archived
+            c = area.get(p.stem)
+            if c is not None:
+                yield from c.memories
 
 
 def load_state(root: Path) -> StoreState:

@@ -393,7 +393,9 @@ class GitStore:
         return [p for p in out.split("\0") if p]
 
     def dirty_paths(self, dirs: Iterable[str]) -> list[str]:
-        out = self.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *dirs)
+        out = self.run(
+            "status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all", "--", *dirs
+        )
         paths = []
         for entry in out.split("\0"):
             if len(entry) > 3:

@@ -32,6 +32,7 @@ from clagd.store.files import (
     StoreState,
     cluster_yaml,
     load_state,
+    memories_in,
     read_files,
     shard_yaml,
 )
@@ -322,6 +323,11 @@ class Writer:
         self.paused = ""  # why writes wait now (empty: they do not)
         self.outside_moves = 0  # moves of the branch taken in (reset, rebase, a person's commit)
         self.moved_retries = 0  # commits retried after the branch moved under them
+        # files of a move of the branch that hold memories edited by hand and committed by
+        # the person (an old id on new content), and each such id's content before: the
+        # engine gives them the id of their content in an edit commit (engine/identity.py)
+        self.reidentify: dict[str, str] = {}
+        self.reidentify_paths: set[str] = set()
         self.history = HistoryLog(git.gitdir)
         self._check_moved_while_stopped()
         git.base = git.head()  # the commit the loaded working tree is on
@@ -467,6 +473,7 @@ class Writer:
                 # read from such a passing tree is never read again (served != HEAD)
                 texts = self.git.texts_at(head, changed)
                 state, changes = read_changes(self.paths.root, self.state, changed, texts)
+                self._note_edited(state, changed)
             else:  # unknown or pruned history: everything
                 state, changes = load_state(self.paths.root), Changes(full=True)
             self.git.check_not_paused()  # no git command of the person's ran meanwhile
@@ -488,6 +495,20 @@ class Writer:
         changes.commit = head
         changes.reloaded = True
         self.publish(changes)
+
+    def _note_edited(self, state: StoreState, changed: list[str]) -> None:
+        """Remember the files of a move whose memories keep an old id on new content."""
+        before = {m.id: m.content for m in memories_in(self.state, changed)}
+        for rel in changed:
+            if any(before.get(m.id, m.content) != m.content for m in memories_in(state, [rel])):
+                self.reidentify_paths.add(rel)
+                self.reidentify.update(before)
+
+    def take_reidentify(self) -> tuple[list[str], dict[str, str]]:
+        """The files noted by `_note_edited` since the last call, and the contents before."""
+        paths, known = sorted(self.reidentify_paths), self.reidentify
+        self.reidentify_paths, self.reidentify = set(), {}
+        return paths, known
 
     def _rollback_worktree(self, rel_paths: list[str]) -> None:
         """Put the files a failed operation touched back to HEAD and re-read exactly those

@@ -488,3 +488,37 @@ def test_a_checkout_that_holds_head_while_clagd_commits_pauses_it(
         _served_is_a_fresh_load_of_head(eng, store)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["from-files", "warm-start"])
+def test_a_start_serves_head_not_the_persons_staged_files(store: Path, warm: bool) -> None:
+    """A daemon starts while the person has a memory file staged (a `stash pop` of one of
+    the daemon's files whose commit never happened): it serves HEAD, pauses writes until the
+    person commits or resets, and after `git reset --hard` serves exactly HEAD (it served
+    HEAD + 1: the start read the working tree, and nothing read it again)."""
+    eng = Engine(store)
+    eng.ingest([Item("a memory in HEAD", None, {})], "test")
+    eng.close()  # saves the warm-start file
+    if not warm:
+        for f in (store / ".clagd").glob("warmstart*"):
+            f.unlink()
+    text = "a memory the person has staged, never committed"
+    staged = store / "unsorted" / "u-20260101T000000-cccccccccccc.yaml"
+    staged.write_text(
+        f"memories:\n- id: {memory_id(text)}\n  content: {text}\n"
+        "  created_at: '2026-01-01T00:00:00Z'\n"
+    )
+    git(store, "add", str(staged.relative_to(store)))
+    eng = Engine(store)
+    try:
+        assert eng.load_source == ("warmstart" if warm else "files")
+        assert memory_id(text) not in eng.state.memory_ids()
+        assert len(eng.index) == 1
+        out = eng.check_outside()
+        assert out is not None and "staged" in out["paused"]
+        git(store, "reset", "-q", "--hard")
+        assert eng.check_outside() is None
+        _served_is_a_fresh_load_of_head(eng, store)
+        assert len(eng.index) == 1
+    finally:
+        eng.close()

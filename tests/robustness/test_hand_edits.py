@@ -87,3 +87,31 @@ def test_an_edited_memory_gets_the_id_of_its_new_content(daemon: InProcessDaemon
         assert c.add(old_text)["added"] == 1  # the old text is not any more
     contents = head_contents(root)
     assert contents.count(new_text) == 1 and contents.count(old_text) == 1
+
+
+def test_an_edit_committed_by_the_person_gets_the_id_of_its_new_content(
+    daemon: InProcessDaemon,
+) -> None:
+    """The person edits a memory's text and commits it themselves: the daemon takes in the
+    move of its branch, then gives the memory the id of its content in an edit commit of its
+    own, so dedup stays exact and the old id is not reported as a removal."""
+    root = daemon.root
+    cluster = _clustered(daemon)
+    data = yaml.safe_load(cluster.read_text())
+    old_id, old_text = data["memories"][0]["id"], data["memories"][0]["content"]
+    new_text = old_text + " (edited and committed by the person)"
+    data["memories"][0]["content"] = new_text
+    cluster.write_text(yaml.safe_dump(data, sort_keys=False))
+    rel = f"clusters/{cluster.name}"
+    git(root, "commit", "-qm", "fix a memory by hand", "--", rel)
+    with daemon.client() as c:
+        wait_for(lambda: "edit:" in git(root, "log", "-1", "--format=%s"), 15, "the edit commit")
+        stored = yaml.safe_load(git(root, "show", f"HEAD:{rel}"))
+        edited = next(m for m in stored["memories"] if m["content"] == new_text)
+        assert edited["id"] == memory_id(new_text)
+        assert edited["metadata"]["previous_ids"] == [old_id]
+        assert c.add(new_text)["added"] == 0
+        assert c.add(old_text)["added"] == 1
+        assert not any(old_id in e.get("ids", []) for e in c.log(50)["history"])
+    contents = head_contents(root)
+    assert contents.count(new_text) == 1 and contents.count(old_text) == 1
