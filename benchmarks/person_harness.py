@@ -251,7 +251,10 @@ class Person:
             if self.rewrite("rebase", "rebase", "-q", "--onto", "HEAD~2", "HEAD~1"):
                 return
             if (self.root / ".git" / "rebase-merge").exists():
-                git(self.root, "rebase", "--abort", check=False)  # a conflict: give up
+                # a conflict: give up. The abort moves the branch back to where the rebase
+                # began, so a commit of the daemon's that landed in git's race window before
+                # the rebase marked itself in progress leaves HEAD: a rewrite (reported)
+                self.rewrite("rebase-abort", "rebase", "--abort")
                 break
             time.sleep(0.1)
         self.skipped["rebase"] += 1
@@ -308,13 +311,16 @@ class Person:
             time.sleep(0.1)
         assert r.returncode != 0 and (self.root / ".git" / "MERGE_HEAD").exists(), r.stderr
         time.sleep(0.5)
+        # the abort (reset --merge) of a merge that read HEAD just before a commit of the
+        # daemon's landed takes that commit's new files out of the working tree (git's own
+        # race for HEAD); the daemon commits and reports the deletion: a step that may remove
         if git(self.root, "merge", "--abort", check=False).returncode != 0:
             # the merge read HEAD just before a commit of the daemon's landed and wrote the
             # index of the commit before (git's own race for HEAD): the daemon's new file is
             # untracked now and `reset --merge` refuses to overwrite it; the person resets
             git(self.root, "reset", "-q", "--hard")
             self.cleanups["reset_after_failed_merge_abort"] += 1
-            self.last_rewrite_end = time.time()
+        self.last_rewrite_end = time.time()
 
     def revert(self) -> None:
         log = git(self.root, "log", "-n", "30", "--format=%H %s").stdout.splitlines()
