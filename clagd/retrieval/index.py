@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -68,13 +68,11 @@ class Hit:
         }
 
 
-class _Ranked(NamedTuple):
-    """A ranked hit inside a search, before the cut-offs."""
-
-    hit: Hit
-    cost: int  # estimated tokens of its context line
-    own: float  # highest weight (IDF) of the query terms the memory has itself
-    near: float  # ... that it or a time neighbour in its cluster has (0 when not computed)
+# a ranked hit inside a search, before the cut-offs: the hit, the estimated tokens of its
+# context line, the highest weight (IDF) of the query terms the memory has itself, and of
+# those it or a time neighbour in its cluster has (both 0 unless the rare-term cut is on).
+# A plain tuple: this is built for every hit of every query.
+_Ranked = tuple[Hit, int, float, float]
 
 
 @dataclass
@@ -927,18 +925,8 @@ class Index:
             return [], []
         cand = self._candidates(s, selected)
         score = self._score(cand, s, smax, c_norm, selected, now)
-        top = self._top_hits(cand, score, limit)
-        if not rarity:
-            return [_Ranked(h, cost, 0.0, 0.0) for h, cost, _ in top], chosen
-        weight = self._query_weights(q)
-        starts = [seg.start for seg in self._segs]
-        ranked = []
-        for h, cost, slot in top:
-            own = self._rarest(slot, weight, starts)
-            near = max(own, self._rarest(int(self._prev[slot]), weight, starts))
-            near = max(near, self._rarest(int(self._next[slot]), weight, starts))
-            ranked.append(_Ranked(h, cost, own, near))
-        return ranked, chosen
+        weight = self._query_weights(q) if rarity else None
+        return self._top_hits(cand, score, limit, weight), chosen
 
     def _query_weights(self, q: list[int]) -> dict[int, float]:
         """The BM25 weight (IDF x (k1 + 1)) of each query term some live memory has."""
@@ -948,6 +936,14 @@ class Index:
             if got is not None:
                 out[tid] = got[1]
         return out
+
+    def _rarity(self, slot: int, weight: dict[int, float]) -> tuple[float, float]:
+        """The highest weight among the query terms this memory has, and among those it or
+        one of its time neighbours in its cluster has."""
+        starts = [seg.start for seg in self._segs]
+        own = self._rarest(slot, weight, starts)
+        near = max(own, self._rarest(int(self._prev[slot]), weight, starts))
+        return own, max(near, self._rarest(int(self._next[slot]), weight, starts))
 
     def _rarest(self, slot: int, weight: dict[int, float], starts: list[int]) -> float:
         """The highest weight among the query terms this memory has (0 for none, or for the
@@ -1044,10 +1040,14 @@ class Index:
         return np.where(eligible & (score > 0), score, 0.0)
 
     def _top_hits(
-        self, cand: np.ndarray, score: np.ndarray, limit: int
-    ) -> list[tuple[Hit, int, int]]:
-        """The `limit` best candidates as hits, each with its token cost in a context and
-        its slot."""
+        self,
+        cand: np.ndarray,
+        score: np.ndarray,
+        limit: int,
+        weight: dict[int, float] | None = None,
+    ) -> list[_Ranked]:
+        """The `limit` best candidates as hits, each with its token cost in a context and,
+        given the query terms' `weight`, its rarity (`_rarity`)."""
         nz = np.flatnonzero(score)
         if len(nz) > limit:  # the top `limit` and everything tied with the last of them
             kth = np.partition(score[nz], len(nz) - limit)[len(nz) - limit]
@@ -1065,7 +1065,10 @@ class Index:
             hit = Hit(self._mems[slot], c.id if c else None, name, value)
             # conservative: the estimate of a joined context never exceeds the sum of these
             cost = int(self._tok[slot]) + _label_tokens(name) + 1
-            hits.append((hit, cost, slot))
+            if weight is None:
+                hits.append((hit, cost, 0.0, 0.0))
+            else:
+                hits.append((hit, cost, *self._rarity(slot, weight)))
         return hits
 
     def _quality(self, now: float | None, slots: np.ndarray) -> np.ndarray:
@@ -1122,7 +1125,7 @@ class Index:
         hits, chosen = self._rank(q, limit, ts, clusters, rarity)
         if archive is not None:
             a_hits, a_chosen = archive._rank(q, limit, ts, rarity=rarity)
-            hits = sorted(hits + a_hits, key=lambda r: -r.hit.score)
+            hits = sorted(hits + a_hits, key=lambda r: -r[0].score)
             chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
         out = self._cut(hits, k, budget)
         context = format_context(out)
@@ -1140,15 +1143,17 @@ class Index:
         match themselves shares only generic words with the query and is skipped. The
         best hit is always kept."""
         cfg = self.cfg
-        floor = cfg.min_relative_score * hits[0].hit.score if hits else 0.0
-        rare = cfg.min_term_rarity * max((r.own for r in hits[:k]), default=0.0)
+        floor = cfg.min_relative_score * hits[0][0].score if hits else 0.0
+        rare = 0.0
+        if cfg.min_term_rarity > 0:
+            rare = cfg.min_term_rarity * max((r[2] for r in hits[:k]), default=0.0)
         out: list[Hit] = []
         seen: set[str] = set()
         used = 0
         for i, (h, cost, _, near) in enumerate(hits):
             if h.score < floor:
                 break
-            if h.memory.id in seen or (i and near < rare):
+            if h.memory.id in seen or (near < rare and i):
                 continue
             if budget > 0 and used + cost > budget:
                 continue
