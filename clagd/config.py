@@ -117,6 +117,9 @@ class RetrievalConfig:
     superseded_penalty: float = 0.5
     # hits scoring below this fraction of the best hit are dropped (0: off)
     min_relative_score: float = 0.0
+    # hits matching (themselves or through a time neighbour) no query term at least this
+    # fraction as rare (IDF) as the rarest one the best hits match are dropped (0: off)
+    min_term_rarity: float = 0.0
     slm_refine: bool = False
     slm_refine_candidates: int = 8
     slm_refine_timeout: float = 2.0

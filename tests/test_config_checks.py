@@ -25,6 +25,8 @@ BAD = [
     ("retrieval", "k1", float("nan")),
     ("retrieval", "idf", "okapy"),
     ("retrieval", "b", 1.5),
+    ("retrieval", "min_relative_score", 1.5),
+    ("retrieval", "min_term_rarity", -0.1),
     ("session", "validate_fraction", 2),
     ("archive", "cold_after_days", -1),
     ("git", "branch", "-bad..name"),

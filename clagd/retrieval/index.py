@@ -24,6 +24,7 @@ counts, without re-tokenizing).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -65,6 +66,13 @@ class Hit:
             "created_at": self.memory.created_at,
             "metadata": dict(self.memory.metadata),
         }
+
+
+# a ranked hit inside a search, before the cut-offs: the hit, the estimated tokens of its
+# context line, the highest weight (IDF) of the query terms the memory has itself, and of
+# those it or a time neighbour in its cluster has (both 0 unless the rare-term cut is on).
+# A plain tuple: this is built for every hit of every query.
+_Ranked = tuple[Hit, int, float, float]
 
 
 @dataclass
@@ -899,9 +907,11 @@ class Index:
         limit: int,
         now: float | None,
         only: Sequence[str] | None = None,
-    ) -> tuple[list[tuple[Hit, int]], list[tuple[str, str, float]]]:
-        """The best `limit` memories for these query words (with the token cost of each) and
-        the clusters chosen for them. `only`: the clusters the caller (SLM refinement) chose."""
+        rarity: bool = False,
+    ) -> tuple[list[_Ranked], list[tuple[str, str, float]]]:
+        """The best `limit` memories for these query words (with the token cost of each and,
+        with `rarity` (the rare-term cut is on), their query terms' weights) and the clusters
+        chosen for them. `only`: the clusters the caller (SLM refinement) chose."""
         get = self._vocab.get
         q = [i for i in map(get, words) if i is not None]
         if not q or self._n_alive == 0:
@@ -915,7 +925,40 @@ class Index:
             return [], []
         cand = self._candidates(s, selected)
         score = self._score(cand, s, smax, c_norm, selected, now)
-        return self._top_hits(cand, score, limit), chosen
+        weight = self._query_weights(q) if rarity else None
+        return self._top_hits(cand, score, limit, weight), chosen
+
+    def _query_weights(self, q: list[int]) -> dict[int, float]:
+        """The BM25 weight (IDF x (k1 + 1)) of each query term some live memory has."""
+        out: dict[int, float] = {}
+        for tid in dict.fromkeys(q):
+            got = self._term(tid, self._segs, self._alive, self._n_alive)
+            if got is not None:
+                out[tid] = got[1]
+        return out
+
+    def _rarity(self, slot: int, weight: dict[int, float]) -> tuple[float, float]:
+        """The highest weight among the query terms this memory has, and among those it or
+        one of its time neighbours in its cluster has."""
+        starts = [seg.start for seg in self._segs]
+        own = self._rarest(slot, weight, starts)
+        near = max(own, self._rarest(int(self._prev[slot]), weight, starts))
+        return own, max(near, self._rarest(int(self._next[slot]), weight, starts))
+
+    def _rarest(self, slot: int, weight: dict[int, float], starts: list[int]) -> float:
+        """The highest weight among the query terms this memory has (0 for none, or for the
+        slot -1 of a missing neighbour), read from the forward postings of the segment that
+        holds the slot (`starts`: the segments' first slots)."""
+        if slot < 0 or not weight:
+            return 0.0
+        segs = self._segs
+        i = bisect_right(starts, slot) - 1
+        if i < 0 or slot >= segs[i].stop:
+            return 0.0
+        seg = segs[i]
+        j = slot - seg.start
+        terms = seg.ftid[int(seg.fptr[j]) : int(seg.fptr[j + 1])].tolist()
+        return max((weight.get(t, 0.0) for t in terms), default=0.0)
 
     def _choose_clusters(
         self, c_scores: np.ndarray, only: Sequence[str] | None
@@ -996,8 +1039,15 @@ class Index:
             score[old] = np.minimum(score[old], score[succ] * np.float32(0.999))
         return np.where(eligible & (score > 0), score, 0.0)
 
-    def _top_hits(self, cand: np.ndarray, score: np.ndarray, limit: int) -> list[tuple[Hit, int]]:
-        """The `limit` best candidates as hits, each with its token cost in a context."""
+    def _top_hits(
+        self,
+        cand: np.ndarray,
+        score: np.ndarray,
+        limit: int,
+        weight: dict[int, float] | None = None,
+    ) -> list[_Ranked]:
+        """The `limit` best candidates as hits, each with its token cost in a context and,
+        given the query terms' `weight`, its rarity (`_rarity`)."""
         nz = np.flatnonzero(score)
         if len(nz) > limit:  # the top `limit` and everything tied with the last of them
             kth = np.partition(score[nz], len(nz) - limit)[len(nz) - limit]
@@ -1015,7 +1065,10 @@ class Index:
             hit = Hit(self._mems[slot], c.id if c else None, name, value)
             # conservative: the estimate of a joined context never exceeds the sum of these
             cost = int(self._tok[slot]) + _label_tokens(name) + 1
-            hits.append((hit, cost))
+            if weight is None:
+                hits.append((hit, cost, 0.0, 0.0))
+            else:
+                hits.append((hit, cost, *self._rarity(slot, weight)))
         return hits
 
     def _quality(self, now: float | None, slots: np.ndarray) -> np.ndarray:
@@ -1068,21 +1121,39 @@ class Index:
         q = self._tokens(text)
         ts = now.timestamp() if now is not None else None
         limit = k if budget <= 0 and archive is None else k * 3 + 8
-        hits, chosen = self._rank(q, limit, ts, clusters)
+        rarity = self.cfg.min_term_rarity > 0
+        hits, chosen = self._rank(q, limit, ts, clusters, rarity)
         if archive is not None:
-            a_hits, a_chosen = archive._rank(q, limit, ts)
-            hits = sorted(hits + a_hits, key=lambda hc: -hc[0].score)
+            a_hits, a_chosen = archive._rank(q, limit, ts, rarity=rarity)
+            hits = sorted(hits + a_hits, key=lambda r: -r[0].score)
             chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
+        out = self._cut(hits, k, budget)
+        context = format_context(out)
+        res = SearchResult(out, chosen, context, estimate_tokens(context))
+        if cacheable:
+            self._remember(key, res)
+        return res
+
+    def _cut(self, hits: list[_Ranked], k: int, budget: int) -> list[Hit]:
+        """The ranked hits that make the answer: deduplicated, at most `k`, within the
+        budget (`budget` <= 0: none), and past the relevance cut-offs (docs/retrieval.md,
+        "Precision"): a hit scoring below `min_relative_score` x the best score ends the
+        list; a hit that matches, by itself or through a time neighbour, no query term at
+        least `min_term_rarity` x as rare (by IDF) as the rarest term the `k` best hits
+        match themselves shares only generic words with the query and is skipped. The
+        best hit is always kept."""
+        cfg = self.cfg
+        floor = cfg.min_relative_score * hits[0][0].score if hits else 0.0
+        rare = 0.0
+        if cfg.min_term_rarity > 0:
+            rare = cfg.min_term_rarity * max((r[2] for r in hits[:k]), default=0.0)
         out: list[Hit] = []
         seen: set[str] = set()
         used = 0
-        # the relevance cut-off: a hit far below the best one costs a small model tokens
-        # and rarely is evidence (docs/retrieval.md, "Precision")
-        floor = self.cfg.min_relative_score * hits[0][0].score if hits else 0.0
-        for h, cost in hits:
+        for i, (h, cost, _, near) in enumerate(hits):
             if h.score < floor:
                 break
-            if h.memory.id in seen:
+            if h.memory.id in seen or (near < rare and i):
                 continue
             if budget > 0 and used + cost > budget:
                 continue
@@ -1091,11 +1162,7 @@ class Index:
             out.append(h)
             if len(out) >= k:
                 break
-        context = format_context(out)
-        res = SearchResult(out, chosen, context, estimate_tokens(context))
-        if cacheable:
-            self._remember(key, res)
-        return res
+        return out
 
     def _remember(self, key: tuple, res: SearchResult) -> None:
         """Insert into the per-snapshot cache without a lock: dict operations are atomic

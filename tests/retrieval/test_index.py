@@ -462,7 +462,7 @@ def _check_dense(ix: Index, queries: list[str], now: float | None = None) -> Non
     for q in queries:
         for only in (None, sorted(ix._cslot_of)[:2]):
             hits, _ = ix._rank(ix._tokens(q), 9, now, only)
-            got = [(h.memory.id, h.score) for h, _ in hits]
+            got = [(h.memory.id, h.score) for h, *_ in hits]
             assert got == _dense_rank(ix, q, 9, now, only)  # exactly: same float32 steps
 
 
