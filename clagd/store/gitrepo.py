@@ -594,16 +594,21 @@ class GitStore:
             except GitCommandError:
                 pass
 
-    def revert_commit(self, full: str, subject: str, trailers: dict[str, Any]) -> str:
-        """Commit the staged revert on top of `base` (compare-and-swap, as `commit`)."""
+    def revert_commit(
+        self, full: str, subject: str, trailers: dict[str, Any], paths: list[str] | None = None
+    ) -> str:
+        """Commit the staged revert on top of `base` (compare-and-swap, as `commit`).
+        `paths`: the files the revert staged; git follows renames, so a change to a cluster
+        that was archived since lands in `archive/`, a path the reverted commit never had."""
         msg = format_message(subject, f"This reverts commit {full}.", trailers)
         try:
             # drops REVERT_HEAD (our own operation, staged and checked): index and files stay
             self.run("revert", "--quit")
         except GitCommandError:
             pass
-        # only the reverted commit's files (a person's staged changes stay theirs)
-        tree = self._tree_with(self.base, self.changed_files(full))
+        # only the revert's files (a person's staged changes stay theirs)
+        files = sorted(set(self.changed_files(full)) | set(paths or []))
+        tree = self._tree_with(self.base, files)
         return self._commit_tree(tree, self.base, msg)
 
     def staged_files(self) -> list[str]:

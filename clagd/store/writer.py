@@ -227,20 +227,22 @@ class WriteContext:
         The transaction marker makes a revert killed half-way be undone at start-up."""
         w = self.w
         w.begin_txn(subject)
+        before = set(w.git.staged_files())  # the person's, if any: not the revert's
         try:
             full = w.git.revert_apply(sha)
         except Conflict:
             w.end_txn()
             raise
+        staged = [p for p in w.git.staged_files() if p not in before]
         try:
-            read_changes(self.paths.root, w.state, w.git.staged_files())
+            read_changes(self.paths.root, w.state, staged)
         except StoreError as exc:
             w.git.revert_abort()
             w.end_txn()
             raise Conflict(
                 f"cannot revert {full[:10]}: the result would be invalid: {exc}"
             ) from None
-        new = w.git.revert_commit(full, subject, trailers)
+        new = w.git.revert_commit(full, subject, trailers, staged)
         w.end_txn()
         self.reload_paths(w.git.changed_files(new), commit=new)
         return new

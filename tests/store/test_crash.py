@@ -18,8 +18,9 @@ from helpers import REPO, InProcessDaemon, git, head_contents, make_store, wait_
 
 from clagd.engine.core import Engine
 from clagd.errors import Conflict
-from clagd.model import Cluster
+from clagd.model import Cluster, memory_id
 from clagd.store import gitrepo as gitstore
+from clagd.store.files import load_state
 
 ROOT = REPO
 
@@ -225,5 +226,43 @@ def test_objects_torn_by_a_power_loss_before_the_flush_are_dropped_at_start(stor
         fsck = subprocess.run(["git", "fsck", "--full"], cwd=store, capture_output=True, text=True)
         assert fsck.returncode == 0, fsck.stderr
         assert git(store, "show", f"HEAD:{shard.relative_to(store)}") == text
+    finally:
+        eng.close()
+
+
+def test_revert_of_a_change_to_a_cluster_archived_since(store: Path) -> None:
+    """A route pass adds a memory to cluster A, A is archived, then the route is reverted:
+    git follows the rename, so the revert changes `archive/A.yaml`, a file the route commit
+    never had. The revert commit held only the route's own paths (the shard, not the archive
+    file): HEAD stored the memory twice, the reload failed and the next start refused the
+    store (crash harness, seed 7)."""
+    eng = Engine(store)
+    try:
+        a, _b, _c = _three_clusters(eng)
+        eng.add([{"content": "a zebra quokka memory"}])
+
+        def route(ctx):  # type: ignore[no-untyped-def]
+            shard, mems = next(iter(ctx.state.unsorted.items()))
+            ctx.touch_shard(shard)
+            ctx.state.unsorted[shard] = []
+            ctx.touch_cluster(a)
+            ctx.state.clusters[a].memories.extend(mems)
+            return ctx.commit("route: 1 memory into 1 cluster", "", {"kind": "route"})
+
+        def archive(ctx):  # type: ignore[no-untyped-def]
+            ctx.touch_cluster(a)
+            ctx.touch_archive(a)
+            ctx.state.archived[a] = ctx.state.clusters.pop(a)
+            return ctx.commit("archive: 1 cold cluster(s)", "", {"kind": "archive"})
+
+        routed = eng.writer.call(route)
+        eng.writer.call(archive)
+        eng.revert(routed)
+        assert f"archive/{a}.yaml" in git(store, "show", "--name-only", "--format=", "HEAD")
+        fresh = load_state(store)  # raises on a memory stored twice
+        assert eng.state.memory_ids() == fresh.memory_ids()
+        where = fresh.locate(memory_id("a zebra quokka memory"))
+        assert where is not None and where[0] == "unsorted"
+        assert Counter(head_contents(store))["a zebra quokka memory"] == 1
     finally:
         eng.close()
