@@ -60,11 +60,7 @@ class OutsideEdits:
                 f"{f' and {len(staged) - 1} more' if len(staged) > 1 else ''}): commit them, "
                 "or git reset --hard to drop them (writes resume by themselves)"
             )
-        edited, before = ctx.w.take_reidentify()
-        if edited:
-            # memories the person edited by hand and committed: the id of their content,
-            # committed by the daemon as an edit (the files are rewritten, so dirty below)
-            fix_identities(self.root, edited, before)
+        self._reidentify_committed_edits(ctx)
         # only memory files: an editor's swap file or a backup is never read or committed
         dirty = [p for p in ctx.git.dirty_paths(DATA_DIRS) if is_data_path(p)]
         moved = head != known_head
@@ -120,6 +116,14 @@ class OutsideEdits:
             f", committed {sha[:10]}" if sha else "",
         )
         return OutsideChange(ok=True, files=sorted(changed), commit=sha)
+
+    def _reidentify_committed_edits(self, ctx: WriteContext) -> None:
+        """Memories the person edited by hand and committed (noted when the move of the
+        branch was taken in) get the id of their content: their files are rewritten, so
+        they are dirty below and committed by the daemon as an edit."""
+        edited, before = ctx.w.take_reidentify()
+        if edited:
+            fix_identities(self.root, edited, before)
 
     def _clear(self) -> None:
         self._sig = None
