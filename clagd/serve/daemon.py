@@ -262,8 +262,16 @@ class Daemon:
 
     def _route_if_due(self) -> None:
         eng = self.engine
-        if eng is not None and not self.stop_event.is_set():
-            eng.maybe_route(wait=False)  # a failure is logged and retried by housekeeping
+        if eng is None or self.stop_event.is_set():
+            return
+        # files still arriving (or being ingested): wait for the burst to end, so it is
+        # routed in one pass that does not hold the writer up in the middle of it
+        quiet = eng.routes.quiet_seconds
+        left = quiet - (self.watcher.quiet_for() if self.watcher is not None else quiet)
+        if left > 0:
+            self._route_soon(left)
+            return
+        eng.maybe_route(wait=False)  # a failure is logged and retried by housekeeping
 
     def _on_threshold(self, why: str) -> None:
         if self.scheduler is not None:
