@@ -147,7 +147,7 @@ def bench_organizing(n: int, burst: int, n_queries: int, tmp: Path) -> dict:
     t0 = time.perf_counter()
     with Client(str(sock), timeout=60) as c, Client(str(sock), timeout=60) as watch:
         r, sessions_then = 0, None
-        while time.perf_counter() - t0 < 600:
+        while time.perf_counter() - t0 < 120:  # bounded: a daemon whose sessions stall
             for q in qs[20:60]:
                 t = time.perf_counter()
                 c.query(f"{q} {r}")
