@@ -16,7 +16,9 @@ Memories are LoCoMo turns recombined (`corpus.py`); clusters are runs of 50 cons
 memories written straight into cluster files (what a clustering session would produce).
 
     python benchmarks/bench_scale.py [--sizes 1000,10000,100000] [--queries 300] [--repeats 3]
-        [--json]
+        [--organize-size 10000] [--organize-burst 10000] [--json]
+
+`--sizes ""` runs only the while-organizing rows; `--organize-size 0` skips them.
 """
 
 from __future__ import annotations
@@ -55,12 +57,17 @@ def pct(samples: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
 
-def build_store(root: Path, texts: list[str]) -> Path:
+# the shipped session triggers (store_template/clagd.yaml), not the tests' "never"
+DEFAULT_SESSIONS = {"memory_add_threshold": 20, "dialogue_round_threshold": 100}
+
+
+def build_store(root: Path, texts: list[str], sessions: dict | None = None) -> Path:
     # the shipped inbox timing (store_template/clagd.yaml), not the tests' faster polling:
     # the debounce is what turns a burst of files into a few large commits
-    store = make_store(
-        root, {"inbox": {"settle_seconds": 1.0, "rescan_seconds": 2.0, "debounce_seconds": 0.3}}
-    )
+    cfg: dict = {"inbox": {"settle_seconds": 1.0, "rescan_seconds": 2.0, "debounce_seconds": 0.3}}
+    if sessions:
+        cfg["session"] = sessions
+    store = make_store(root, cfg)
     paths = Paths(store)
     for c in range(0, len(texts), PER_CLUSTER):
         chunk = texts[c : c + PER_CLUSTER]
@@ -93,6 +100,77 @@ def socket_latency(sock: str, qs: list[str], clients: int) -> list[float]:
     parts = [(sock, qs[i::clients]) for i in range(clients)]
     with mp.get_context("fork").Pool(clients) as pool:
         return [x for part in pool.map(_client_worker, parts) for x in part]
+
+
+def drop_burst(inbox: Path, texts: list[str], per_file: int = 5) -> int:
+    """The texts as inbox files of `per_file` memories (complete in .tmp, renamed in)."""
+    n = 0
+    for i in range(0, len(texts), per_file):
+        name = f"b{i:07d}.json"
+        payload = json.dumps([{"content": x} for x in texts[i : i + per_file]])
+        (inbox / ".tmp" / name).write_text(payload)
+        os.rename(inbox / ".tmp" / name, inbox / name)
+        n += 1
+    return n
+
+
+def burst_done(st: dict, files: int) -> bool:
+    """Every file of the burst taken, nothing queued on the writer, no route pass pending."""
+    inbox = st.get("inbox", {})
+    return (
+        inbox.get("files_ingested", 0) + inbox.get("files_rejected", 0) >= files
+        and not st["writer"]["pending"]
+        and not st["route_pending"]
+    )
+
+
+def bench_organizing(n: int, burst: int, n_queries: int, tmp: Path) -> dict:
+    """Query latency (1 client, socket) idle, then while the daemon organizes: right after a
+    burst of `burst` memories into a store of `n`, with the shipped session triggers, while
+    the ingest, the route pass and the sessions triggered by the burst and by the queries'
+    own rounds run. Queries are asked back to back until the burst is ingested and routed
+    and a session has ended after that (the queries' rounds keep triggering sessions, so
+    the daemon is never idle while they are asked)."""
+    say(f"{n}: while organizing: store of {n}, burst of {burst}")
+    texts = memories(n + burst, seed=7)
+    store = build_store(tmp / f"org-{n}", texts[:n], DEFAULT_SESSIONS)
+    sock = tmp / f"o{n}.sock"
+    d = DaemonProcess(store, sock)
+    start(d)
+    qs = list(dict.fromkeys(queries(20 * n_queries, seed=11)))[:n_queries]
+    socket_latency(str(sock), qs[:20], 1)  # warm-up
+    idle = socket_latency(str(sock), [q + " ." for q in qs[20:]], 1)
+    with d.client() as c:
+        st0 = c.status()
+    files = st0["inbox"]["files_ingested"] + drop_burst(store / "inbox", texts[n:])
+    busy: list[float] = []
+    t0 = time.perf_counter()
+    with Client(str(sock), timeout=60) as c, Client(str(sock), timeout=60) as watch:
+        r, sessions_then = 0, None
+        while time.perf_counter() - t0 < 120:  # bounded: a daemon whose sessions stall
+            for q in qs[20:60]:
+                t = time.perf_counter()
+                c.query(f"{q} {r}")
+                busy.append((time.perf_counter() - t) * 1000)
+            r += 1
+            st = watch.status()
+            if sessions_then is None and burst_done(st, files):
+                sessions_then = st["counters"]["sessions"]
+            elif sessions_then is not None and st["counters"]["sessions"] > sessions_then:
+                break
+    busy_s = time.perf_counter() - t0
+    d.terminate()
+    return {
+        "org_memories": n,
+        "org_burst": burst,
+        "org_idle_p50_ms": pct(idle, 0.5),
+        "org_idle_p99_ms": pct(idle, 0.99),
+        "org_busy_p50_ms": pct(busy, 0.5),
+        "org_busy_p99_ms": pct(busy, 0.99),
+        "org_busy_queries": len(busy),
+        "org_busy_s": busy_s,
+        "org_sessions": st["counters"]["sessions"] - st0["counters"]["sessions"],
+    }
 
 
 def rss_mb(pid: int) -> float:
@@ -184,14 +262,8 @@ def bench_size(n: int, n_queries: int, n_ingest: int, tmp: Path, repeats: int = 
     say(f"{n}: ingest {len(fresh)} memories through the inbox")
     with d.client() as c:
         before = c.status()["counters"]["added"]
-    inbox = store / "inbox"
-    per_file = 5
     t = time.perf_counter()
-    for i in range(0, len(fresh), per_file):
-        name = f"b{i:07d}.json"
-        payload = json.dumps([{"content": x} for x in fresh[i : i + per_file]])
-        (inbox / ".tmp" / name).write_text(payload)
-        os.rename(inbox / ".tmp" / name, inbox / name)
+    drop_burst(store / "inbox", fresh)
 
     def done() -> bool:
         with d.client() as c:
@@ -271,6 +343,18 @@ ROWS = [
     ("bm25s p50 / clagd p50 (x)", "x_bm25s_p50", "{:.2f}"),
 ]
 
+ORG_ROWS = [
+    ("while organizing: store, memories", "org_memories", "{:.0f}"),
+    ("  burst dropped into the inbox, memories", "org_burst", "{:.0f}"),
+    ("  query p50 ms idle (socket, 1 client)", "org_idle_p50_ms", "{:.2f}"),
+    ("  query p99 ms idle", "org_idle_p99_ms", "{:.2f}"),
+    ("  query p50 ms while organizing", "org_busy_p50_ms", "{:.2f}"),
+    ("  query p99 ms while organizing", "org_busy_p99_ms", "{:.2f}"),
+    ("  queries asked while organizing", "org_busy_queries", "{:.0f}"),
+    ("  seconds (until routed and a session after)", "org_busy_s", "{:.1f}"),
+    ("  sessions run meanwhile", "org_sessions", "{:.0f}"),
+]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -280,18 +364,32 @@ def main() -> None:
     ap.add_argument(
         "--repeats", type=int, default=1, help="query passes per size (medians are reported)"
     )
+    ap.add_argument(
+        "--organize-size",
+        type=int,
+        default=10000,
+        help="store size for the query latency while organizing (0: skip it)",
+    )
+    ap.add_argument("--organize-burst", type=int, default=10000, help="memories in that burst")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     results = []
+    org: dict = {}
     with tempfile.TemporaryDirectory(prefix="clagd-scale-", dir="/tmp") as tmp:
-        for n in [int(x) for x in a.sizes.split(",")]:
+        for n in [int(x) for x in a.sizes.split(",") if x]:
             results.append(bench_size(n, a.queries, a.ingest, Path(tmp), a.repeats))
+        if a.organize_size:
+            org = bench_organizing(a.organize_size, a.organize_burst, a.queries, Path(tmp))
     if a.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({"sizes": results, "organizing": org}, indent=2))
         return
-    width = max(len(r[0]) for r in ROWS)
-    for label, key, fmt in ROWS:
-        print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in results))
+    width = max(len(r[0]) for r in ROWS + ORG_ROWS)
+    if results:
+        for label, key, fmt in ROWS:
+            print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in results))
+    if org:
+        for label, key, fmt in ORG_ROWS:
+            print(f"{label:<{width}}  {fmt.format(org[key]):>10}")
 
 
 if __name__ == "__main__":

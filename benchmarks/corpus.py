@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -11,12 +12,13 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo"
 
 def find_data() -> Path:
     for cand in (
+        *([Path(os.environ["CLAGD_LOCOMO_DEV"])] if os.environ.get("CLAGD_LOCOMO_DEV") else []),
         DATA,
         Path(__file__).resolve().parents[1] / "shared" / "data" / "locomo" / "locomo-dev.json",
     ):
         if cand.exists():
             return cand
-    raise SystemExit(f"LoCoMo data not found (looked at {DATA})")
+    raise SystemExit(f"LoCoMo data not found (looked at {DATA}; set CLAGD_LOCOMO_DEV)")
 
 
 def turns() -> list[str]:

@@ -253,6 +253,8 @@ class Engine:
             route_limit=self.config.ingest.route_inline_max,
         )
         self.routes.ingested(res.shard if res.deferred else None)
+        if self.routes and self.hooks.on_route_waiting is not None:
+            self.hooks.on_route_waiting(self.routes.quiet_seconds)
         return res
 
     # -- the route pass: large batches' memories into their clusters ----------------------

@@ -31,6 +31,9 @@ class EngineHooks:
     on_threshold: Callable[[str], None] | None = None
     # a commit was published (its sha): e.g. wake the replicator
     on_commit: Callable[[str], None] | None = None
+    # a large batch was committed unsorted: the route pass is due after this many seconds
+    # of quiet (the daemon arms a timer; without one, housekeeping finds it due)
+    on_route_waiting: Callable[[float], None] | None = None
     session_runner: SessionRunner | None = None
     # the `backend` section of `status`
     backend_status: Callable[[], dict[str, Any]] | None = None

@@ -89,6 +89,7 @@ class InboxWatcher:
         self._observer: Any = None  # a watchdog Observer or PollingObserver
         self._inbox_ino: int | None = None
         self._last_event = 0.0
+        self._busy_until = 0.0  # end of the last pass that handled files (inf: one runs)
         self.files_ingested = 0
         self.files_rejected = 0
         self.failures = 0
@@ -169,6 +170,11 @@ class InboxWatcher:
         self._last_event = time.monotonic()
         self._wake.set()
 
+    def quiet_for(self) -> float:
+        """Seconds since the inbox last saw a file arrive or a pass end (0 while a pass
+        runs): the route pass waits for a burst to end, not for a pause inside it."""
+        return max(0.0, time.monotonic() - max(self._last_event, self._busy_until))
+
     def stop(self) -> None:
         """Stop watching, then ingest what is complete one last time."""
         self._stop.set()
@@ -204,12 +210,14 @@ class InboxWatcher:
             # meanwhile is ready now, and the deletions of the last batch are no reason to
             # wait. Only a pass that found nothing waits for an event, a timer or the rescan.
             self._wake.clear()
+            self._busy_until = float("inf")
             try:
                 busy = self.process() > 0
             except Exception as exc:  # noqa: BLE001 - the inbox loop never stops
                 self.loop_errors += 1
                 self._fail(exc)
                 busy = False
+            self._busy_until = time.monotonic()
             self._check_backlog()
         try:
             self.process()

@@ -140,6 +140,10 @@ class Scheduler:
             if self._queued:
                 return
             self._queued = True
+        # max_instances 2: the one asked for now may be due while the last triggered one
+        # still runs (same job id). With 1, APScheduler would skip this run, and a skipped
+        # date job is gone: `_queued` would stay set and no triggered session would ever run
+        # again. The session executor has one thread, so the second simply waits its turn.
         self.sched.add_job(
             self._run_triggered,
             "date",
@@ -148,6 +152,7 @@ class Scheduler:
             id="session-now",
             executor="session",
             replace_existing=True,
+            max_instances=2,
         )
 
     def start(self) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from clagd.errors import StoreError
 from clagd.model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id, new_id
 from clagd.store.durable import atomic_write_text
-from clagd.yamlio import YamlError, dumps, load_yaml_file, loads
+from clagd.yamlio import YamlError, dumps, list_items, load_yaml_file, loads
 
 CLUSTERS = "clusters"
 ARCHIVE = "archive"
@@ -346,22 +346,39 @@ _FRAGMENTS: dict[str, tuple[str, str, str, str]] = {}
 _MAX_FRAGMENTS = 400_000
 
 
-def _fragment(m: Memory) -> str:
-    meta = json.dumps(m.metadata, sort_keys=True, default=str) if m.metadata else ""
+def _cached(m: Memory, meta: str) -> str | None:
     hit = _FRAGMENTS.get(m.id)
     if hit is not None and hit[0] == m.content and hit[1] == m.created_at and hit[2] == meta:
         return hit[3]
-    text = dumps([m.to_dict()])
-    if len(_FRAGMENTS) >= _MAX_FRAGMENTS:
+    return None
+
+
+def _fragments(mems: list[Memory]) -> list[str]:
+    """Each memory's list item, from the cache or dumped; the misses (all of a cluster's
+    memories after a start from the YAML files) in one dump (`yamlio.list_items`)."""
+    metas = [
+        json.dumps(m.metadata, sort_keys=True, default=str) if m.metadata else "" for m in mems
+    ]
+    out = [_cached(m, meta) for m, meta in zip(mems, metas)]
+    miss = [i for i, text in enumerate(out) if text is None]
+    if not miss:
+        return out  # type: ignore[return-value]
+    dumped = list_items([mems[i].to_dict() for i in miss])
+    if dumped is None:  # cannot happen for block lists; the slow, sure way all the same
+        dumped = [dumps([mems[i].to_dict()]) for i in miss]
+    if len(_FRAGMENTS) + len(miss) > _MAX_FRAGMENTS:
         _FRAGMENTS.clear()
-    _FRAGMENTS[m.id] = (m.content, m.created_at, meta, text)
-    return text
+    for i, text in zip(miss, dumped):
+        m = mems[i]
+        _FRAGMENTS[m.id] = (m.content, m.created_at, metas[i], text)
+        out[i] = text
+    return out  # type: ignore[return-value]
 
 
 def _memories_yaml(head: dict, mems: list[Memory]) -> str:
     if not mems:
         return dumps({**head, "memories": []})
-    return (dumps(head) if head else "") + "memories:\n" + "".join(_fragment(m) for m in mems)
+    return (dumps(head) if head else "") + "memories:\n" + "".join(_fragments(mems))
 
 
 def cluster_yaml(c: Cluster) -> str:

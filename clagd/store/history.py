@@ -79,7 +79,10 @@ def removed_between(root: Path, old: str, new: str | None) -> set[str] | None:
         check=False,
     ).stdout.split("\n")
     files = [p for p in diff if p.endswith(".yaml")]
-    return ids_at(root, old, files) - ids_at(root, new, files)
+    before = ids_at(root, old, files)
+    if not before:  # nothing to lose (e.g. a bulk import committed onto a new store): the
+        return before  # new side, possibly the whole store, need not be parsed at all
+    return before - ids_at(root, new, files)
 
 
 def _ls(root: Path, commit: str) -> list[str]:

@@ -169,3 +169,28 @@ def test_a_routed_batch_is_undone_route_commit_first(tmp_path: Path) -> None:
         assert_same_as_files(eng)
     finally:
         eng.close()
+
+
+def test_the_pass_starts_when_due_not_at_the_next_housekeeping(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """The daemon queues the pass once the inbox has been quiet for route_delay_seconds,
+    without waiting for housekeeping (here every 30 s, the rescan interval)."""
+    root = _store(tmp_path, route_inline_max=2, route_delay_seconds=0.2)
+    cfg = yaml.safe_load((root / "clagd.yaml").read_text())
+    cfg["inbox"]["rescan_seconds"] = 30
+    (root / "clagd.yaml").write_text(yaml.safe_dump(cfg))
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            c.call("add", items=[{"content": t} for t in NEW_SAILING + OTHER])
+            assert c.status()["route_pending"] == 1
+
+        def routed() -> bool:
+            with d.client() as c:
+                st = c.status()
+            return st["counters"]["routed"] == 4 and st["route_pending"] == 0
+
+        wait_for(routed, 10, "the route pass, well before the next housekeeping")
+    finally:
+        d.stop()

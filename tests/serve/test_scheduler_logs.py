@@ -66,3 +66,45 @@ def test_other_apscheduler_warnings_still_pass(caplog: pytest.LogCaptureFixture)
     logging.getLogger("apscheduler.scheduler").warning("Error getting due jobs from job store")
     mine = [r for r in caplog.records if "Error getting due jobs" in r.message]
     assert [r.levelno for r in mine] == [logging.WARNING]
+
+
+def test_a_session_triggered_while_one_runs_runs_after_it() -> None:
+    """A trigger that arrives while the last triggered session still runs is not lost (it
+    once was: APScheduler skipped the run as a second instance of the same job, and the
+    queued flag then blocked every later trigger for the daemon's lifetime)."""
+    first_running, release = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def session(trigger: str) -> None:
+        runs.append(trigger)
+        if len(runs) == 1:
+            first_running.set()
+            release.wait(30)
+
+    sched = Scheduler(
+        session=session,
+        archive=lambda: None,
+        housekeeping=lambda: None,
+        recheck_backend=lambda: None,
+        session_minutes=0,
+        archive_hours=0,
+        housekeeping_seconds=60,
+        backend_seconds=0,
+    )
+    sched.start()
+    try:
+        sched.trigger_session("memories")
+        assert first_running.wait(30)
+        sched.trigger_session("rounds")
+        assert sched.activity() == {"session_queued": True, "session_running": True}
+        # the second run comes due while the first still runs; then the first ends
+        wait_for(lambda: sched.sched.get_job("session-now") is None, 30, "the run to come due")
+        release.set()
+        wait_for(lambda: len(runs) == 2, 30, "the second triggered session")
+        wait_for(lambda: not any(sched.activity().values()), 30, "the scheduler to be idle")
+        sched.trigger_session("rounds")
+        wait_for(lambda: len(runs) == 3, 30, "a later trigger")
+    finally:
+        release.set()
+        sched.stop()
+    assert runs == ["memories", "rounds", "rounds"]

@@ -218,6 +218,37 @@ def test_cached_memory_fragments_write_exactly_what_a_full_dump_writes() -> None
     )
 
 
+def test_list_items_are_exactly_the_items_of_one_dump_each() -> None:
+    """One dump of many memories, split at the items, equals dumping each on its own, for
+    contents that look like list items, blank lines, long words, control characters, and
+    metadata objects shared between memories (no alias may tie one item to another)."""
+    from clagd.yamlio import list_items
+
+    shared = {"tags": ["a", "b"], "n": 1}
+    contents = [
+        "- looks like an item",
+        "first line\n- second line starts like an item\n\n- and after a blank line",
+        "  leading spaces, trailing spaces  ",
+        "x" * 300 + " " + "y " * 120,
+        "tab\there, bell\x07, nul-free, é ü 中文 🙂, a: b, # not a comment, 'q' \"dq\"",
+        "",
+        "---\n...\n- - -",
+        "|\n  literal-looking\n>",
+    ]
+    items = []
+    for i, text in enumerate(contents * 3):
+        m = Memory.new(f"{text} {i}" if text else text, "2026-01-01T00:00:00Z")
+        d = m.to_dict()
+        if i % 2:
+            d["metadata"] = shared  # the same object in many items
+        items.append(d)
+    got = list_items(items)
+    assert got is not None
+    assert got == [dumps([d]) for d in items]
+    assert "&id" not in "".join(got) and all(loads(t) for t in got)
+    assert list_items([]) == []
+
+
 # every kind of node the fast construction path builds itself or hands back to PyYAML
 _YAML_DOCS = [
     "a: 1\nb: 2.5\nc: true\nd: null\ne: 2024-01-01\nf: 2024-01-01T00:00:00Z\ng: '1'\n",
