@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 BackendKind = Literal["auto", "ollama", "openai", "llamacpp", "none"]
 ResponseFormat = Literal["auto", "json_schema", "json_object"]
 IdfMode = Literal["lucene", "okapi"]  # lucene: log(1 + (N - df + .5) / (df + .5)), never <= 0
+# time: the memories just before and after in time, wherever filed; cluster: the adjacent
+# members of the same cluster (before issue 13)
+NeighborMode = Literal["time", "cluster"]
 ObserverKind = Literal["auto", "inotify", "polling"]
 
 
@@ -105,6 +108,9 @@ class RetrievalConfig:
     top_clusters: int = 4
     cluster_weight: float = 0.5
     neighbor_weight: float = 0.3  # tuned on LoCoMo dev (docs/retrieval.md)
+    neighbors: NeighborMode = "time"
+    neighbor_gap_minutes: float = 30.0  # time neighbours further apart are not neighbours
+    second_neighbor_weight: float = 0.1  # the memories two steps away in time (`time` only)
     k1: float = 1.2
     b: float = 0.75
     idf: IdfMode = "lucene"

@@ -83,6 +83,8 @@ def check_session(c: _Checker) -> None:
 def check_retrieval(c: _Checker) -> None:
     c.within(1, 100, "max_memories")
     c.at_least(0, "token_budget", "cluster_weight", "neighbor_weight", "freshness_weight")
+    c.at_least(0, "neighbor_gap_minutes", "second_neighbor_weight")
+    c.one_of("neighbors", ("time", "cluster"))
     c.at_least(0, "confidence_weight", "superseded_penalty")
     c.at_least(1, "top_clusters", "slm_refine_candidates")
     c.above(0, "k1", "freshness_half_life_days", "slm_refine_timeout")

@@ -34,7 +34,13 @@ from clagd.eval.data import (
     questions,
 )
 from clagd.eval.metrics import Tally
-from clagd.eval.pipelines import EnginePipeline, InProcessPipeline, Pipeline, line_tokens
+from clagd.eval.pipelines import (
+    EnginePipeline,
+    InProcessPipeline,
+    Pipeline,
+    StreamEnginePipeline,
+    line_tokens,
+)
 from clagd.model import memory_id, normalize_content
 from clagd.text import estimate_tokens, tokenize
 
@@ -149,6 +155,12 @@ def _pipeline_factory(
 ) -> Callable[[Config, BackendKind], Pipeline]:
     if pipeline == "inprocess":
         return InProcessPipeline
+    if pipeline == "stream-inprocess":
+
+        def replica(config: Config, backend: BackendKind) -> Pipeline:
+            return StreamEnginePipeline(config, backend, batch=batch)
+
+        return replica
     if protocol == "batch":
         return EnginePipeline
     if protocol != "stream":
@@ -242,7 +254,7 @@ def run_eval(
     convs = load_conversations(path)
     convs = convs[:max_conversations] if max_conversations else convs
     work = [(c, questions(c)[:max_questions] if max_questions else questions(c)) for c in convs]
-    label = "inprocess" if pipeline == "inprocess" else protocol
+    label = pipeline if pipeline in ("inprocess", "stream-inprocess") else protocol
     bar = _Progress(sum(len(q) for _, q in work), progress, f"locomo {label}")
     make = _pipeline_factory(protocol, pipeline, batch, bar.line if progress else None)
     run = _Run(ks)

@@ -5,6 +5,10 @@
   once, one clustering session over all of it (`sample_size` raised to its size).
 * `DaemonPipeline` (protocol `stream`, `clagd.eval.stream`): a running daemon, turns
   dropped into its inbox as they happen, organized by its own triggers.
+* `StreamEnginePipeline` (`pipeline="stream-inprocess"`): the stream protocol without the
+  daemon process: the engine takes each arrival as the inbox would hand it over, and the
+  daemon's triggers (memory count, dialogue rounds, the route pass) run its sessions in
+  the same order, synchronously (quick ablations; the daemon run confirms).
 
 Every pipeline answers `query(text, k)` with the socket protocol's query result (a dict
 with `memories` and `tokens`) and `organization()` with counts of what organizing did.
@@ -140,3 +144,39 @@ class EnginePipeline:
             self.engine.close()
         finally:
             self._tmp.cleanup()
+
+
+class StreamEnginePipeline(EnginePipeline):
+    """The stream protocol in-process: arrivals (one LoCoMo session, or `batch` turns) go
+    to `Engine.ingest` one at a time, as the inbox watcher hands a file over; a threshold
+    the engine reports (new memories, dialogue rounds) runs a session with the default
+    config right after, as the daemon's scheduler does before the harness sees it idle;
+    the route pass runs when a deferred batch waits (the daemon's housekeeping, which
+    the stream harness waits out). Config and sample size stay the store's."""
+
+    def __init__(
+        self, config: Config, backend: BackendKind = "none", batch: int | None = None
+    ) -> None:
+        super().__init__(config, backend)
+        self.batch = batch
+        self._why: list[str] = []
+        self.engine.hooks.on_threshold = self._why.append
+
+    def ingest(self, turns: list[Turn]) -> None:
+        from clagd.eval.data import arrivals
+        from clagd.ingest.inbox import validate_item
+
+        for group in arrivals(turns, self.batch):
+            raw = [{"content": t.content, "created_at": t.created_at} for t in group]
+            items = [validate_item(r, f"item {i + 1}") for i, r in enumerate(raw)]
+            self.engine.ingest(items, source="inbox", files=1)
+            self.settle()
+
+    def settle(self) -> None:
+        """Run what the daemon's triggers would have run by the time it is idle: a
+        session when a threshold was reached, the route pass when a batch waits."""
+        if self._why:
+            why = self._why[0]
+            self._why.clear()
+            self.engine.recluster(trigger=why)
+        self.engine.maybe_route(force=True)

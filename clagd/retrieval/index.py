@@ -35,6 +35,7 @@ import numpy as np
 
 from clagd.config import Config, IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory, parse_epoch
+from clagd.retrieval.timeline import Timeline
 from clagd.text import estimate_tokens, tokenize
 
 UNSORTED_NAME = "unsorted"
@@ -605,7 +606,7 @@ class _Change:
 class Index:
     """One immutable snapshot of the store for retrieval; share it freely between threads."""
 
-    FORMAT = 2  # of the pickled form (the engine's start-up snapshot)
+    FORMAT = 3  # of the pickled form (the engine's start-up snapshot)
 
     def __init__(
         self, cfg: RetrievalConfig | None = None, ingest: IngestConfig | None = None
@@ -624,6 +625,8 @@ class Index:
         self._unsorted = np.zeros(0, dtype=bool)
         self._prev = _EMPTY_I  # temporal neighbours inside the cluster, -1 = none
         self._next = _EMPTY_I
+        # time neighbours wherever filed (`neighbors: time`; see clagd/retrieval/timeline.py)
+        self._time = Timeline(self.cfg.neighbor_gap_minutes * 60.0)
         self._ts = np.zeros(0, dtype=np.float64)
         self._imp = _EMPTY_F
         self._tok = _EMPTY_I  # estimated tokens of each memory's content
@@ -766,6 +769,9 @@ class Index:
         new._cache = {}
         new.cache_hits = 0
         change.into(new, list(upsert.values()))
+        if self.cfg.neighbors == "time":
+            ids = [m.id for m in change.new_mems]
+            new._time = self._time.updated(new._alive, new._ts, change.base, ids)
         new._link_supersedes()
         new._unsorted = new._group < 0
         new._length_norms()
@@ -939,11 +945,12 @@ class Index:
 
     def _rarity(self, slot: int, weight: dict[int, float]) -> tuple[float, float]:
         """The highest weight among the query terms this memory has, and among those it or
-        one of its time neighbours in its cluster has."""
+        one of its neighbours (the ones that lift its score: `_links`) has."""
         starts = [seg.start for seg in self._segs]
+        prev, nxt = self._links()
         own = self._rarest(slot, weight, starts)
-        near = max(own, self._rarest(int(self._prev[slot]), weight, starts))
-        return own, max(near, self._rarest(int(self._next[slot]), weight, starts))
+        near = max(own, self._rarest(int(prev[slot]), weight, starts))
+        return own, max(near, self._rarest(int(nxt[slot]), weight, starts))
 
     def _rarest(self, slot: int, weight: dict[int, float], starts: list[int]) -> float:
         """The highest weight among the query terms this memory has (0 for none, or for the
@@ -990,14 +997,28 @@ class Index:
 
     def _candidates(self, s: np.ndarray, selected: np.ndarray) -> np.ndarray:
         """The slots worth scoring, sorted: the members of the chosen clusters, the unsorted
-        memories with their own evidence, and both ends of every supersedes link (the
-        successor's score bounds its predecessor's). Every other memory is not eligible,
-        so the dense form over all slots gives the same result, element for element."""
+        memories with their own evidence, both ends of every supersedes link (the
+        successor's score bounds its predecessor's) and, with time neighbours, the time
+        neighbours of every one of those with its own evidence. Every other memory is not
+        eligible, so the dense form over all slots gives the same result, element for
+        element."""
         parts: list[np.ndarray] = [self._uslots[s[self._uslots] > 0]]
         parts.extend(self._members[i] for i in np.flatnonzero(selected[:-1]).tolist())
         if len(self._sup_old):
             parts.extend((self._sup_old, self._sup_new))
-        return np.unique(np.concatenate(parts).astype(np.int64))
+        cand = np.unique(np.concatenate(parts).astype(np.int64))
+        if self.cfg.neighbors != "time" or not self.cfg.neighbor_weight:
+            return cand
+        found = cand[(s[cand] > 0) & (self._unsorted[cand] | selected[self._group[cand]])]
+        near = np.concatenate((self._time.prev[found], self._time.next[found]))
+        return np.union1d(cand, near[near >= 0].astype(np.int64))
+
+    def _links(self) -> tuple[np.ndarray, np.ndarray]:
+        """(previous, next) neighbour of every slot, -1 = none: in time (`neighbors: time`)
+        or inside the cluster (`cluster`)."""
+        if self.cfg.neighbors == "time":
+            return self._time.prev, self._time.next
+        return self._prev, self._next
 
     def _score(
         self,
@@ -1017,16 +1038,24 @@ class Index:
         score = sn.copy()
         if cfg.cluster_weight:
             score += cfg.cluster_weight * c_norm[group]
-        # eligible: own lexical evidence, or a matching neighbour inside a chosen cluster
-        evidence = sc > 0
+        # eligible: own lexical evidence, or a matching neighbour, inside a chosen cluster
+        # (own evidence in the unsorted area); with time neighbours also the neighbour of
+        # such a memory with its own evidence, wherever it is filed
+        home = self._unsorted[cand] | selected[group]
+        eligible = (sc > 0) & home
         if cfg.neighbor_weight:
-            sp, sx = s[self._prev[cand]], s[self._next[cand]]
+            prev, nxt = self._links()
+            lp, lx = prev[cand], nxt[cand]
+            sp, sx = s[lp], s[lx]  # a link of -1 reads the zero at the end of `s`
             if smax > 0:
                 sp, sx = sp / smax, sx / smax
             nb = np.maximum(sp, sx)
             score += cfg.neighbor_weight * nb
-            evidence |= nb > 0
-        eligible = evidence & (self._unsorted[cand] | selected[group])
+            eligible |= (nb > 0) & selected[group]
+            if cfg.neighbors == "time":
+                eligible |= self._found(lp, s, selected) | self._found(lx, s, selected)
+                if cfg.second_neighbor_weight:
+                    score += cfg.second_neighbor_weight * self._second(lp, lx, s, smax)
         if self._n_alive != len(self._alive):
             eligible &= self._alive[cand]
         if cfg.use_freshness:
@@ -1038,6 +1067,23 @@ class Index:
             # a superseded memory ranks below its successor
             score[old] = np.minimum(score[old], score[succ] * np.float32(0.999))
         return np.where(eligible & (score > 0), score, 0.0)
+
+    def _second(self, lp: np.ndarray, lx: np.ndarray, s: np.ndarray, smax: float) -> np.ndarray:
+        """The better normalized BM25 of the memories two steps away in time, given the
+        previous (`lp`) and next (`lx`) time neighbours (-1: none): a question and its
+        answer are often a turn apart, with a short remark between them."""
+        prev, nxt = self._time.prev, self._time.next
+        pp = np.where(lp >= 0, prev[np.maximum(lp, 0)], -1)
+        xx = np.where(lx >= 0, nxt[np.maximum(lx, 0)], -1)
+        s2 = np.maximum(s[pp], s[xx])
+        return s2 / smax if smax > 0 else s2
+
+    def _found(self, slots: np.ndarray, s: np.ndarray, selected: np.ndarray) -> np.ndarray:
+        """Whether each of these slots (-1: none) has its own evidence inside a chosen
+        cluster or the unsorted area."""
+        safe = np.maximum(slots, 0)
+        home = self._unsorted[safe] | selected[self._group[safe]]
+        return (slots >= 0) & (s[slots] > 0) & home
 
     def _top_hits(
         self,

@@ -156,3 +156,18 @@ def test_stream_in_batches_of_n_turns(tmp_path):
     n_turns = len(conversation_turns(json.loads(path.read_text())[0]))
     res = run_eval(path, progress=False, protocol="stream", batch=60)
     assert res["batch"] == 60 and res["organization"]["memories"] == n_turns
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="LoCoMo dev file not available")
+def test_in_process_stream_replica_answers_like_the_daemon(tmp_path):
+    """`pipeline="stream-inprocess"` (the engine in time order with the daemon's own
+    triggers, for quick ablations) organizes and answers exactly as the real daemon."""
+    path = _small_file(tmp_path, sessions=3, questions=8)
+    kw = {"ks": (5, 10), "progress": False, "max_questions": 8, "protocol": "stream"}
+    daemon = run_eval(path, **kw)
+    replica = run_eval(path, pipeline="stream-inprocess", **kw)
+    assert replica["protocol"] == "stream-inprocess"
+    assert replica["organization"] == daemon["organization"]
+    assert replica["organization"]["sessions"] >= 2
+    for key in ("recall@5", "recall@10", "precision@10", "tokens"):
+        assert replica["clagd"][key] == daemon["clagd"][key]

@@ -18,8 +18,10 @@ def mem(text: str, i: int = 0, **meta) -> Memory:
     return Memory.new(text, created_at=at, metadata=meta)
 
 
-def cluster(cid: str, name: str, texts: list[str], **kw) -> Cluster:
-    return Cluster(cid, name, memories=[mem(t, i) for i, t in enumerate(texts)], **kw)
+def cluster(cid: str, name: str, texts: list[str], start: int = 0, **kw) -> Cluster:
+    """Members one minute apart from `start` minutes after T0 (clusters of the same minutes
+    are one conversation: their memories are each other's time neighbours)."""
+    return Cluster(cid, name, memories=[mem(t, start + i) for i, t in enumerate(texts)], **kw)
 
 
 HIKING = cluster(
@@ -31,6 +33,7 @@ COOKING = cluster(
     "c-00000002",
     "Cooking Recipes",
     ["Lasagna recipe uses ricotta", "Baked bread with rye flour", "Tomato soup for dinner"],
+    start=24 * 60,  # the next day
 )
 
 
@@ -408,6 +411,25 @@ def test_old_snapshot_pickles_are_refused():
         Index.__new__(Index).__setstate__(state)
 
 
+def _time_links(ix: Index) -> tuple[np.ndarray, np.ndarray]:
+    """The reference time neighbours: every live slot sorted by (created_at, id) from
+    scratch, each linked to the next one when they are within the gap (unknown times
+    never link)."""
+    n = len(ix._alive)
+    prev, nxt = np.full(n, -1), np.full(n, -1)
+
+    def when(slot: int) -> float:
+        t = float(ix._ts[slot])
+        return -np.inf if np.isnan(t) else t
+
+    live = sorted(np.flatnonzero(ix._alive).tolist(), key=lambda i: (when(i), ix._mems[i].id))
+    gap = ix.cfg.neighbor_gap_minutes * 60
+    for a, b in zip(live, live[1:]):
+        if when(a) > -np.inf and when(b) - when(a) <= gap:
+            nxt[a], prev[b] = b, a
+    return prev, nxt
+
+
 def _dense_rank(ix: Index, text: str, limit: int, now: float | None = None, only=None):
     """The dense reference of `Index._rank` (every slot scored, as before candidate
     scoring): (memory id, score) of the top `limit`, ties by id."""
@@ -440,13 +462,22 @@ def _dense_rank(ix: Index, text: str, limit: int, now: float | None = None, only
     score = sn.copy()
     if cfg.cluster_weight:
         score += cfg.cluster_weight * c_norm[ix._group]
-    evidence = s > 0
+    home = ix._unsorted | selected[ix._group]
+    found = (s > 0) & home
+    eligible = found.copy()
     if cfg.neighbor_weight:
+        prev, nxt = _time_links(ix) if cfg.neighbors == "time" else (ix._prev, ix._next)
         pad = np.append(sn, np.float32(0.0))
-        nb = np.maximum(pad[ix._prev], pad[ix._next])
+        nb = np.maximum(pad[prev], pad[nxt])
         score += cfg.neighbor_weight * nb
-        evidence |= nb > 0
-    eligible = evidence & (ix._unsorted | selected[ix._group]) & ix._alive
+        eligible |= (nb > 0) & selected[ix._group]
+        if cfg.neighbors == "time":  # the time neighbour of a match, wherever filed
+            fpad = np.append(found, False)
+            eligible |= fpad[prev] | fpad[nxt]
+            two_back = np.where(prev >= 0, prev[prev], -1)
+            two_on = np.where(nxt >= 0, nxt[nxt], -1)
+            score += cfg.second_neighbor_weight * np.maximum(pad[two_back], pad[two_on])
+    eligible &= ix._alive
     if cfg.use_freshness:
         score = score * ix._quality(now, np.arange(len(score)))
     if len(ix._sup_old):
@@ -467,9 +498,10 @@ def _check_dense(ix: Index, queries: list[str], now: float | None = None) -> Non
 
 
 @pytest.mark.parametrize("freshness", [False, True])
-def test_candidate_scoring_equals_the_dense_reference(freshness):
+@pytest.mark.parametrize("neighbors", ["time", "cluster"])
+def test_candidate_scoring_equals_the_dense_reference(freshness, neighbors):
     clusters, unsorted, vocab, rng = _random_store(7, n_clusters=8, per=7, n_unsorted=15)
-    cfg = RetrievalConfig(use_freshness=freshness, top_clusters=3)
+    cfg = RetrievalConfig(use_freshness=freshness, top_clusters=3, neighbors=neighbors)
     # a supersedes link inside one cluster
     c0 = clusters["c-00000000"]
     clusters["c-00000000"] = Cluster(

@@ -108,10 +108,12 @@ def test_a_reply_without_the_term_is_kept_through_its_neighbour() -> None:
 def test_the_best_hit_is_always_kept() -> None:
     """A best hit whose only query word is less rare than another hit's stays; the next
     hit with only that word goes."""
+    # hours apart: no memory is another's time neighbour (a neighbour's match would lift
+    # it, and a neighbour's rare word keep it)
     generic = mem("tea, more tea, always tea", 0)
-    rare = mem("the theremin concert was loud", 1)
-    other = mem("green tea in the garden", 2)
-    filler = [mem(f"a note about walking {i}", 3 + i) for i in range(4)]
+    rare = mem("the theremin concert was loud", 60)
+    other = mem("green tea in the garden", 120)
+    filler = [mem(f"a note about walking {i}", 180 + 60 * i) for i in range(4)]
     store = [generic, rare, other, *filler]
     full = Index.build({}, store, RetrievalConfig()).search("tea theremin", token_budget=0)
     assert ids(full) == [generic.id, rare.id, other.id]
