@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from clagd.config import BackendKind, Config
-from clagd.eval.data import Turn
+from clagd.eval.data import Turn, arrivals
+from clagd.ingest.inbox import validate_item
 from clagd.model import Memory
 from clagd.organize.lexical import organize_all
 from clagd.retrieval.index import Index
@@ -163,9 +164,6 @@ class StreamEnginePipeline(EnginePipeline):
         self.engine.hooks.on_threshold = self._why.append
 
     def ingest(self, turns: list[Turn]) -> None:
-        from clagd.eval.data import arrivals
-        from clagd.ingest.inbox import validate_item
-
         for group in arrivals(turns, self.batch):
             raw = [{"content": t.content, "created_at": t.created_at} for t in group]
             items = [validate_item(r, f"item {i + 1}") for i, r in enumerate(raw)]
