@@ -82,22 +82,45 @@ class Timeline:
         timeline orders is below `base`."""
         fresh = np.flatnonzero(alive[base:]) + base
         order, tk, ik = self.order, self.ts, self.key
-        if np.count_nonzero(alive[:base]) != len(order):  # some of them are gone
+        removed = np.count_nonzero(alive[:base]) != len(order)
+        if removed:
             keep = alive[order]
             order, tk, ik = order[keep], tk[keep], ik[keep]
         elif not len(fresh) and len(self.prev) == len(alive):
             return self  # the same memories (a session moved them between clusters)
+        at = np.zeros(0, dtype=np.int64)  # where the fresh slots landed in the order
         if len(fresh):
             keys = id_keys(new_ids)[fresh - base]
-            order, tk, ik = _merge(order, tk, ik, fresh, ts[fresh], keys)
+            order, tk, ik, at = _merge(order, tk, ik, fresh, ts[fresh], keys)
         out = self._copy(order, tk, ik)
-        out._link(len(alive))
+        if removed or not len(self.order):
+            out._link(len(alive))
+        else:  # only additions: relink around them, keep every other link
+            out._relink(self, at, len(alive))
         return out
 
     def _copy(self, order: np.ndarray, tk: np.ndarray, ik: np.ndarray) -> Timeline:
         out = Timeline(self.gap)
         out.order, out.ts, out.key = order, tk, ik
         return out
+
+    def _relink(self, old: Timeline, at: np.ndarray, n: int) -> None:
+        """The links after additions only: the old ones (copied, the new slots unlinked),
+        then recomputed at the new slots' positions and beside them."""
+        pad = np.full(n - len(old.prev), -1, dtype=np.int32)
+        prev = np.concatenate((old.prev, pad))
+        nxt = np.concatenate((old.next, pad))
+        last = len(self.order) - 1
+        near = np.unique(np.clip(np.concatenate((at - 1, at, at + 1)), 0, last))
+        slots = self.order[near]
+        with np.errstate(invalid="ignore"):  # -inf - -inf: unknown times never link
+            before = (near > 0) & (self.ts[near] - self.ts[np.maximum(near - 1, 0)] <= self.gap)
+            after = (near < last) & (
+                self.ts[np.minimum(near + 1, last)] - self.ts[near] <= self.gap
+            )
+        prev[slots] = np.where(before, self.order[np.maximum(near - 1, 0)], -1)
+        nxt[slots] = np.where(after, self.order[np.minimum(near + 1, last)], -1)
+        self.prev, self.next = prev, nxt
 
     def _link(self, n: int) -> None:
         prev = np.full(n, -1, dtype=np.int32)
@@ -118,9 +141,10 @@ def _merge(
     fresh: np.ndarray,
     nts: np.ndarray,
     nk: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`fresh` slots (times `nts`, id keys `nk`) merged into the (time, id key) order: each
-    one's place by binary search on the time, then on the key among equal times."""
+    one's place by binary search on the time, then on the key among equal times; also the
+    positions where they landed."""
     nts = np.where(np.isnan(nts), -np.inf, nts)
     o = np.argsort(nts, kind="stable")
     by_time = nts[o]
@@ -128,7 +152,7 @@ def _merge(
         o = np.lexsort((nk, nts))
     fresh, nts, nk = fresh[o], nts[o], nk[o]
     if not len(order):  # a whole store (a build, a compaction): nothing to merge into
-        return fresh, nts, nk
+        return fresh, nts, nk, np.arange(len(fresh))
     pos = np.searchsorted(tk, nts, side="left")
     hi = np.searchsorted(tk, nts, side="right")
     for i in np.flatnonzero(hi > pos).tolist():  # equal times: by id key
@@ -138,4 +162,5 @@ def _merge(
         np.insert(order, pos, fresh),
         np.insert(tk, pos, nts),
         np.insert(ik, pos, nk),
+        pos + np.arange(len(pos)),  # each one lands after the fresh slots before it
     )
