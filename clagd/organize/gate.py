@@ -332,6 +332,10 @@ class _State:
     def memory(self, mid: str) -> Memory | None:
         return next((m for m in self.unsorted["gate"] if m.id == mid), None)
 
+    def locate_many(self, mids: Iterable[str]) -> dict[str, tuple[str, str, Memory]]:
+        wanted = set(mids)
+        return {m.id: ("unsorted", "gate", m) for m in self.unsorted["gate"] if m.id in wanted}
+
 
 def _named(assign: Mapping[str, str], names: Mapping[str, str]) -> list[tuple[str, list[str]]]:
     members: dict[str, list[str]] = {}

@@ -125,14 +125,12 @@ def gate_note(backend: Backend | None, gate: GateResult | None) -> list[str]:
 
 def _present(state: StoreState, sampled: list[str]) -> list[Memory]:
     """The sampled memories still hot (in a cluster or unsorted), as they are now."""
-    mems = []
-    for mid in sampled:
-        where = state.locate(mid)
-        if where is not None and where[0] in ("cluster", "unsorted"):
-            m = state.memory(mid)
-            if m is not None:
-                mems.append(m)
-    return mems
+    found = state.locate_many(sampled)
+    return [
+        found[mid][2]
+        for mid in sampled
+        if mid in found and found[mid][0] in ("cluster", "unsorted")
+    ]
 
 
 class LexicalOrganizer:

@@ -104,6 +104,8 @@ class StateLike(Protocol):
 
     def memory(self, mid: str) -> Memory | None: ...
 
+    def locate_many(self, mids: Iterable[str]) -> dict[str, tuple[str, str, Memory]]: ...
+
 
 class Toucher(Protocol):
     """The writer context's file marking (`ctx.touch_cluster`, `ctx.touch_shard`)."""
@@ -355,10 +357,11 @@ def _check_assign(
     problems: list[str],
 ) -> None:
     """Every sampled memory goes somewhere that exists, and every new cluster gets one."""
+    live = state.locate_many(assign)
     for mid, ref in assign.items():
         if mid not in sampled:
             problems.append(f"unknown memory {mid} (not in the sample)")
-        elif state.locate(mid) is None:
+        elif mid not in live:
             problems.append(f"memory {mid} is no longer in the store")
         if ref.startswith(NEW_PREFIX):
             if ref not in declared:
@@ -509,12 +512,13 @@ class _Applying:
 
     def move(self, assign: dict[str, str], target: dict[str, str]) -> None:
         state = self.state
+        found = state.locate_many(assign)  # one pass; a move changes no other's place
         for mid, ref in assign.items():
             cid = target.get(ref, ref)
-            if cid not in state.clusters:
+            if cid not in state.clusters or mid not in found:
                 continue
-            where = state.locate(mid)
-            if where is None or where == ("cluster", cid) or where[0] == "archive":
+            where = found[mid][:2]
+            if where == ("cluster", cid) or where[0] == "archive":
                 continue
             mem = self._take(mid, *where)
             self.mark_cluster(cid)

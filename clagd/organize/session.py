@@ -197,9 +197,10 @@ def _apply_plan_op(
     state = ctx.state
     res = ApplyResult()
     # memories removed from the store meanwhile are no longer part of the sample
-    present = [mid for mid in sampled if state.locate(mid) is not None]
+    found = state.locate_many(sampled)
+    present = [mid for mid in sampled if mid in found]
     plan.assign = {
-        mid: ref for mid, ref in plan.assign.items() if mid in present or mid not in sampled
+        mid: ref for mid, ref in plan.assign.items() if mid in found or mid not in sampled
     }
     res.problems = validate_plan(plan, present, state)
     if res.problems:

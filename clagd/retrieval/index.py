@@ -1006,12 +1006,12 @@ class Index:
         parts.extend(self._members[i] for i in np.flatnonzero(selected[:-1]).tolist())
         if len(self._sup_old):
             parts.extend((self._sup_old, self._sup_new))
-        cand = np.unique(np.concatenate(parts).astype(np.int64))
+        cand = _sorted_set(np.concatenate(parts), len(s))
         if self.cfg.neighbors != "time" or not self.cfg.neighbor_weight:
             return cand
         found = cand[(s[cand] > 0) & (self._unsorted[cand] | selected[self._group[cand]])]
         near = np.concatenate((self._time.prev[found], self._time.next[found]))
-        return np.union1d(cand, near[near >= 0].astype(np.int64))
+        return _sorted_set(np.concatenate((cand, near[near >= 0])), len(s))
 
     def _links(self) -> tuple[np.ndarray, np.ndarray]:
         """(previous, next) neighbour of every slot, -1 = none: in time (`neighbors: time`)
@@ -1338,3 +1338,14 @@ def format_context(hits: list[Hit]) -> str:
     for h in hits:
         groups.setdefault(h.cluster_id or "", []).append(h)
     return "\n".join(_line(h) for g in groups.values() for h in g)
+
+
+def _sorted_set(slots: np.ndarray, n: int) -> np.ndarray:
+    """The distinct slots, sorted (int64), as `np.unique` gives them: by a mark over all `n`
+    slots when there are many (linear, no sort: a burst leaves thousands of unsorted
+    memories with their own evidence), by sorting when there are few."""
+    if len(slots) * 16 < n:
+        return np.unique(slots.astype(np.int64))
+    mark = np.zeros(n, dtype=bool)
+    mark[slots] = True
+    return np.flatnonzero(mark).astype(np.int64)

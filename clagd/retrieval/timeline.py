@@ -154,13 +154,23 @@ def _merge(
     if not len(order):  # a whole store (a build, a compaction): nothing to merge into
         return fresh, nts, nk, np.arange(len(fresh))
     pos = np.searchsorted(tk, nts, side="left")
-    hi = np.searchsorted(tk, nts, side="right")
-    for i in np.flatnonzero(hi > pos).tolist():  # equal times: by id key
-        lo = int(pos[i])
-        pos[i] = lo + int(np.searchsorted(ik[lo : int(hi[i])], nk[i]))
+    if np.any(np.searchsorted(tk, nts, side="right") > pos):
+        # equal times: by id key too, in one search over (time, key) pairs (a burst often
+        # shares one second; a search per memory held the GIL ~12 ms for 500 of them)
+        pos = np.searchsorted(_pairs(tk, ik), _pairs(nts, nk))
     return (
         np.insert(order, pos, fresh),
         np.insert(tk, pos, nts),
         np.insert(ik, pos, nk),
         pos + np.arange(len(pos)),  # each one lands after the fresh slots before it
     )
+
+
+_PAIR = np.dtype([("t", "<f8"), ("k", "<u8")])
+
+
+def _pairs(ts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """(time, id key) records: numpy orders and searches them field by field."""
+    out = np.empty(len(ts), dtype=_PAIR)
+    out["t"], out["k"] = ts, keys
+    return out

@@ -154,6 +154,17 @@ class StoreState:
                 return m
         return None
 
+    def locate_many(self, mids: Iterable[str]) -> dict[str, tuple[str, str, Memory]]:
+        """Where each of these memories is, and the memory, in one pass over the store
+        (`locate` per id is a pass each: quadratic for a session's sample)."""
+        wanted = set(mids)
+        out: dict[str, tuple[str, str, Memory]] = {}
+        if wanted:
+            for m, area, key in self.all_memories():
+                if m.id in wanted and m.id not in out:
+                    out[m.id] = (area, key, m)
+        return out
+
     def memory_ids(self) -> set[str]:
         return {m.id for m, _a, _k in self.all_memories()}
 
