@@ -25,7 +25,7 @@ from clagd.engine.outside import OutsideEdits
 from clagd.engine.recovery import recover
 from clagd.engine.routing import RouteQueue
 from clagd.engine.stats import AccessStats
-from clagd.engine.warmstart import WarmStart
+from clagd.engine.warmstart import WarmStart, reread_at
 from clagd.errors import BadRequest, Conflict, Paused, StoreError
 from clagd.ingest.batch import IngestResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
@@ -34,7 +34,7 @@ from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
 from clagd.store.files import Paths, StoreState, ignored_files, is_data_path, is_store
 from clagd.store.gitrepo import GitStore
-from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer, read_changes
+from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer
 
 log = logging.getLogger("clagd")
 
@@ -112,14 +112,7 @@ class Engine:
         self._outside_at_start = bool(pending)
         if not pending or not self.head:
             return state
-        texts = self.git.texts_at(self.head, pending)
-        state, changes = read_changes(self.root, state, pending, texts)
-        self.index = self.index.apply(
-            upsert_clusters=changes.upsert_clusters,
-            remove_clusters=changes.remove_clusters,
-            add_unsorted=changes.add_unsorted,
-            remove_unsorted=changes.remove_unsorted,
-        )
+        state, self.index = reread_at(self.root, self.git, self.head, pending, state, self.index)
         log.info("%d file(s) differ from HEAD: serving HEAD until they are taken in", len(pending))
         return state
 

@@ -36,6 +36,22 @@ WARMSTART_NAME = "warmstart.pickle"
 LEGACY_NAME = "snapshot.pickle"
 
 
+def reread_at(
+    root: Path, git: GitStore, commit: str, rel_paths: list[str], state: StoreState, index: Index
+) -> tuple[StoreState, Index]:
+    """`state` and `index` with these store files as `commit` holds them, read from git's
+    objects (not the working tree, whose own changes are taken in as outside edits)."""
+    texts = git.texts_at(commit, rel_paths)
+    state, changes = read_changes(root, state, rel_paths, texts)
+    index = index.apply(
+        upsert_clusters=changes.upsert_clusters,
+        remove_clusters=changes.remove_clusters,
+        add_unsorted=changes.add_unsorted,
+        remove_unsorted=changes.remove_unsorted,
+    )
+    return state, index
+
+
 @dataclass
 class Loaded:
     """A usable warm start: the state and index brought up to the current files."""
@@ -97,14 +113,7 @@ class WarmStart:
         changed = set(git.changed_between(saved, head, DATA_DIRS)) if saved != head else set()
         note = ""
         if changed:
-            texts = git.texts_at(head, sorted(changed))
-            state, changes = read_changes(root, state, sorted(changed), texts)
-            index = index.apply(
-                upsert_clusters=changes.upsert_clusters,
-                remove_clusters=changes.remove_clusters,
-                add_unsorted=changes.add_unsorted,
-                remove_unsorted=changes.remove_unsorted,
-            )
+            state, index = reread_at(root, git, head, sorted(changed), state, index)
             note = f"warm start from {saved[:10]} brought up to date ({len(changed)} files re-read)"
         self.saved_head = saved
         return Loaded(state, index, saved, note)

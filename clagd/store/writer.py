@@ -515,8 +515,8 @@ class Writer:
     def _rollback_worktree(self, rel_paths: list[str]) -> None:
         """Put the files a failed operation touched back to HEAD and re-read exactly those
         from the daemon's commit (an operation marks a file before it changes the state
-        behind it). Other files, and
-        a hand edit in progress elsewhere in the store, are left alone."""
+        behind it). Other files, and a hand edit in progress elsewhere in the store, are
+        left alone."""
         if rel_paths:
             try:
                 self.git.restore_paths(rel_paths)
