@@ -5,11 +5,28 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import pytest
 from helpers import wait_for
 
 from clagd.serve.scheduler import Scheduler
+
+
+def _scheduler(**jobs: Any) -> Scheduler:
+    """A scheduler whose jobs do nothing but those given; periodic sessions, archive and
+    backend checks off, housekeeping every minute unless given."""
+    kw: dict[str, Any] = {
+        "session": lambda trigger: None,
+        "archive": lambda: None,
+        "housekeeping": lambda: None,
+        "recheck_backend": lambda: None,
+        "session_minutes": 0,
+        "archive_hours": 0,
+        "housekeeping_seconds": 60,
+        "backend_seconds": 0,
+    }
+    return Scheduler(**{**kw, **jobs})
 
 
 def test_runs_skipped_by_a_busy_job_are_debug(caplog: pytest.LogCaptureFixture) -> None:
@@ -22,16 +39,7 @@ def test_runs_skipped_by_a_busy_job_are_debug(caplog: pytest.LogCaptureFixture) 
         release.wait(30)
 
     caplog.set_level(logging.DEBUG)
-    sched = Scheduler(
-        session=lambda trigger: None,
-        archive=lambda: None,
-        housekeeping=housekeeping,
-        recheck_backend=lambda: None,
-        session_minutes=0,
-        archive_hours=0,
-        housekeeping_seconds=0.05,
-        backend_seconds=0,
-    )
+    sched = _scheduler(housekeeping=housekeeping, housekeeping_seconds=0.05)
     sched.start()
     try:
         assert busy.wait(30)
@@ -53,16 +61,7 @@ def test_runs_skipped_by_a_busy_job_are_debug(caplog: pytest.LogCaptureFixture) 
 
 
 def test_other_apscheduler_warnings_still_pass(caplog: pytest.LogCaptureFixture) -> None:
-    Scheduler(
-        session=lambda trigger: None,
-        archive=lambda: None,
-        housekeeping=lambda: None,
-        recheck_backend=lambda: None,
-        session_minutes=0,
-        archive_hours=0,
-        housekeeping_seconds=60,
-        backend_seconds=0,
-    )
+    _scheduler()
     logging.getLogger("apscheduler.scheduler").warning("Error getting due jobs from job store")
     mine = [r for r in caplog.records if "Error getting due jobs" in r.message]
     assert [r.levelno for r in mine] == [logging.WARNING]
@@ -81,16 +80,7 @@ def test_a_session_triggered_while_one_runs_runs_after_it() -> None:
             first_running.set()
             release.wait(30)
 
-    sched = Scheduler(
-        session=session,
-        archive=lambda: None,
-        housekeeping=lambda: None,
-        recheck_backend=lambda: None,
-        session_minutes=0,
-        archive_hours=0,
-        housekeeping_seconds=60,
-        backend_seconds=0,
-    )
+    sched = _scheduler(session=session)
     sched.start()
     try:
         sched.trigger_session("memories")
