@@ -4,7 +4,7 @@ For each size, against a real daemon (`python -m clagd run`, a subprocess) over 
 Unix socket:
   * start-up: from the YAML files (first start / after a crash) and from the start-up
     snapshot (after a clean stop), until the daemon answers `ping`;
-  * RSS of the daemon process (VmRSS, after the queries);
+  * RSS of the daemon process and its query processes (VmRSS, after the queries);
   * query latency p50/p99 with 1 client and with 16 concurrent clients (processes), each
     query distinct (no hot-cache hits), plus the hot (repeated) query latency;
   * ingest throughput: memories dropped into the inbox as files (tmp + rename), inbox to
@@ -18,7 +18,11 @@ memories written straight into cluster files (what a clustering session would pr
     python benchmarks/bench_scale.py [--sizes 1000,10000,100000] [--queries 300] [--repeats 3]
         [--organize-size 10000] [--organize-burst 10000] [--json]
 
-`--sizes ""` runs only the while-organizing rows; `--organize-size 0` skips them.
+`--sizes ""` runs only the while-organizing rows; `--organize-size 0` skips them. Those
+rows are measured once per `--organize-query-processes` value (default 0 and 1: the daemon
+answering queries itself, the baseline, and the shipped query process), side by side. The
+sizes' daemons run with `--query-processes` (the shipped 1); every query is asked once the
+query processes serve.
 """
 
 from __future__ import annotations
@@ -61,10 +65,15 @@ def pct(samples: list[float], p: float) -> float:
 DEFAULT_SESSIONS = {"memory_add_threshold": 20, "dialogue_round_threshold": 100}
 
 
-def build_store(root: Path, texts: list[str], sessions: dict | None = None) -> Path:
+def build_store(
+    root: Path, texts: list[str], sessions: dict | None = None, query_processes: int = 1
+) -> Path:
     # the shipped inbox timing (store_template/clagd.yaml), not the tests' faster polling:
     # the debounce is what turns a burst of files into a few large commits
-    cfg: dict = {"inbox": {"settle_seconds": 1.0, "rescan_seconds": 2.0, "debounce_seconds": 0.3}}
+    cfg: dict = {
+        "inbox": {"settle_seconds": 1.0, "rescan_seconds": 2.0, "debounce_seconds": 0.3},
+        "server": {"query_processes": query_processes},
+    }
     if sessions:
         cfg["session"] = sessions
     store = make_store(root, cfg)
@@ -102,6 +111,17 @@ def socket_latency(sock: str, qs: list[str], clients: int) -> list[float]:
         return [x for part in pool.map(_client_worker, parts) for x in part]
 
 
+def wait_serving(d: DaemonProcess, n: int) -> None:
+    """Until the configured query processes serve (they start after the daemon answers
+    ping; until then the daemon answers queries itself)."""
+
+    def ready() -> bool:
+        with d.client() as c:
+            return c.status()["query_processes"]["serving"] >= n
+
+    wait_for(ready, 120, "the query processes")
+
+
 def drop_burst(inbox: Path, texts: list[str], per_file: int = 5) -> int:
     """The texts as inbox files of `per_file` memories (complete in .tmp, renamed in)."""
     n = 0
@@ -124,19 +144,20 @@ def burst_done(st: dict, files: int) -> bool:
     )
 
 
-def bench_organizing(n: int, burst: int, n_queries: int, tmp: Path) -> dict:
+def bench_organizing(n: int, burst: int, n_queries: int, tmp: Path, qp: int = 1) -> dict:
     """Query latency (1 client, socket) idle, then while the daemon organizes: right after a
     burst of `burst` memories into a store of `n`, with the shipped session triggers, while
     the ingest, the route pass and the sessions triggered by the burst and by the queries'
     own rounds run. Queries are asked back to back until the burst is ingested and routed
     and a session has ended after that (the queries' rounds keep triggering sessions, so
     the daemon is never idle while they are asked)."""
-    say(f"{n}: while organizing: store of {n}, burst of {burst}")
+    say(f"{n}: while organizing: store of {n}, burst of {burst}, {qp} query processes")
     texts = memories(n + burst, seed=7)
-    store = build_store(tmp / f"org-{n}", texts[:n], DEFAULT_SESSIONS)
-    sock = tmp / f"o{n}.sock"
+    store = build_store(tmp / f"org-{n}-{qp}", texts[:n], DEFAULT_SESSIONS, qp)
+    sock = tmp / f"o{n}-{qp}.sock"
     d = DaemonProcess(store, sock)
     start(d)
+    wait_serving(d, qp)
     qs = list(dict.fromkeys(queries(20 * n_queries, seed=11)))[:n_queries]
     socket_latency(str(sock), qs[:20], 1)  # warm-up
     idle = socket_latency(str(sock), [q + " ." for q in qs[20:]], 1)
@@ -161,6 +182,7 @@ def bench_organizing(n: int, burst: int, n_queries: int, tmp: Path) -> dict:
     busy_s = time.perf_counter() - t0
     d.terminate()
     return {
+        "org_query_processes": qp,
         "org_memories": n,
         "org_burst": burst,
         "org_idle_p50_ms": pct(idle, 0.5),
@@ -174,10 +196,26 @@ def bench_organizing(n: int, burst: int, n_queries: int, tmp: Path) -> dict:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """VmRSS of the daemon plus its query processes (its children)."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
 
 
 def start(d: DaemonProcess) -> float:
@@ -231,11 +269,13 @@ def median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
-def bench_size(n: int, n_queries: int, n_ingest: int, tmp: Path, repeats: int = 1) -> dict:
+def bench_size(
+    n: int, n_queries: int, n_ingest: int, tmp: Path, repeats: int = 1, qp: int = 1
+) -> dict:
     say(f"{n}: generating {n} memories")
     texts = memories(n + n_ingest, seed=5)
     base, fresh = texts[:n], texts[n:]
-    store = build_store(tmp / f"store-{n}", base)
+    store = build_store(tmp / f"store-{n}", base, None, qp)
     sock = tmp / f"s{n}.sock"
     d = DaemonProcess(store, sock)
     say(f"{n}: starting the daemon from YAML")
@@ -243,6 +283,7 @@ def bench_size(n: int, n_queries: int, n_ingest: int, tmp: Path, repeats: int = 
     assert d.proc is not None
     with d.client() as c:
         st = c.status()
+    wait_serving(d, qp)
     qs = list(dict.fromkeys(queries(20 * n_queries, seed=3)))[:n_queries]
     say(f"{n}: {len(qs)} queries, 1 client")
     socket_latency(str(sock), qs[:20], 1)  # warm-up (imports, caches of the daemon)
@@ -324,7 +365,7 @@ ROWS = [
     ("  of which load (parse + index), s", "startup_yaml_index_load_s", "{:.2f}"),
     ("start-up from snapshot, s", "startup_snapshot_s", "{:.2f}"),
     ("  of which load, s", "startup_snapshot_load_s", "{:.2f}"),
-    ("RSS, MB (after queries)", "rss_mb", "{:.0f}"),
+    ("RSS, MB (after queries, with query processes)", "rss_mb", "{:.0f}"),
     ("RSS, MB (after ingest)", "rss_after_ingest_mb", "{:.0f}"),
     ("ingest, memories/s (inbox -> commit)", "ingest_per_s", "{:.0f}"),
     ("  until routed into clusters, memories/s", "routed_per_s", "{:.0f}"),
@@ -344,6 +385,7 @@ ROWS = [
 ]
 
 ORG_ROWS = [
+    ("while organizing: query processes", "org_query_processes", "{:.0f}"),
     ("while organizing: store, memories", "org_memories", "{:.0f}"),
     ("  burst dropped into the inbox, memories", "org_burst", "{:.0f}"),
     ("  query p50 ms idle (socket, 1 client)", "org_idle_p50_ms", "{:.2f}"),
@@ -371,25 +413,42 @@ def main() -> None:
         help="store size for the query latency while organizing (0: skip it)",
     )
     ap.add_argument("--organize-burst", type=int, default=10000, help="memories in that burst")
+    ap.add_argument(
+        "--query-processes",
+        type=int,
+        default=1,
+        help="server.query_processes for the sizes' daemons (the shipped 1)",
+    )
+    ap.add_argument(
+        "--organize-query-processes",
+        default="0,1",
+        help="server.query_processes values to measure while organizing, side by side "
+        "(0: the daemon answers queries itself, the baseline)",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     results = []
-    org: dict = {}
+    orgs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="clagd-scale-", dir="/tmp") as tmp:
         for n in [int(x) for x in a.sizes.split(",") if x]:
-            results.append(bench_size(n, a.queries, a.ingest, Path(tmp), a.repeats))
+            results.append(
+                bench_size(n, a.queries, a.ingest, Path(tmp), a.repeats, a.query_processes)
+            )
         if a.organize_size:
-            org = bench_organizing(a.organize_size, a.organize_burst, a.queries, Path(tmp))
+            for qp in [int(x) for x in a.organize_query_processes.split(",") if x]:
+                orgs.append(
+                    bench_organizing(a.organize_size, a.organize_burst, a.queries, Path(tmp), qp)
+                )
     if a.json:
-        print(json.dumps({"sizes": results, "organizing": org}, indent=2))
+        print(json.dumps({"sizes": results, "organizing": orgs}, indent=2))
         return
     width = max(len(r[0]) for r in ROWS + ORG_ROWS)
     if results:
         for label, key, fmt in ROWS:
             print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in results))
-    if org:
+    if orgs:
         for label, key, fmt in ORG_ROWS:
-            print(f"{label:<{width}}  {fmt.format(org[key]):>10}")
+            print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(o[key]):>10}" for o in orgs))
 
 
 if __name__ == "__main__":

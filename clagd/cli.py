@@ -360,11 +360,25 @@ def status(c: Ctx, as_json: bool) -> None:
         + (f"; last: {ls.get('status')} ({ls.get('trigger')})" if ls else ""),
         f"queries    {s['counters']['queries']}; ingested {s['counters']['added']} "
         f"({s['counters']['duplicates']} duplicates)",
+        *_query_process_lines(s.get("query_processes") or {}, s.get("uptime_seconds", 0)),
     ]
     if s.get("outside_edit_error"):
         lines.append(f"ATTENTION  outside edit rejected: {s['outside_edit_error']}")
     lines += _attention(s)
     click.echo("\n".join(lines))
+
+
+def _query_process_lines(qp: dict[str, Any], uptime: float) -> list[str]:
+    """A line only when the query processes are not as they should be: one was restarted,
+    or fewer serve than configured half a minute after the start (the daemon answers
+    queries itself while none does)."""
+    want, have, restarts = qp.get("configured", 0), qp.get("serving", 0), qp.get("restarts", 0)
+    if not want or (not restarts and (have >= want or uptime < 30)):
+        return []
+    line = f"serving    {have} of {want} query processes"
+    line += f"; restarted {restarts} times" if restarts else ""
+    line += f"; last error: {qp['last_error']}" if qp.get("last_error") else ""
+    return [line + ("; the daemon answers queries meanwhile" if not have else "")]
 
 
 def _gate_lines(results: list[dict[str, Any]]) -> list[str]:

@@ -166,6 +166,9 @@ class ServerConfig:
     max_request_bytes: int = 1_048_576
     read_timeout: float = 30.0
     max_clients: int = 256
+    # processes that answer queries from their own copy of the index, outside the daemon's
+    # GIL (0: the daemon answers them itself; see clagd/serve/queryproc.py)
+    query_processes: int = 1
 
 
 @dataclass

@@ -112,6 +112,7 @@ def check_server(c: _Checker) -> None:
     c.at_least(64, "max_request_bytes")
     c.above(0, "read_timeout")
     c.at_least(1, "max_clients")
+    c.within(0, 16, "query_processes")
 
 
 def check_replication(c: _Checker) -> None:

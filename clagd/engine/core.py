@@ -19,7 +19,7 @@ from typing import Any
 
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, summary
-from clagd.engine.hooks import EngineHooks, SessionRunner
+from clagd.engine.hooks import EngineHooks, IndexChange, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideEdits
 from clagd.engine.recovery import recover
@@ -37,6 +37,24 @@ from clagd.store.gitrepo import GitStore
 from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer
 
 log = logging.getLogger("clagd")
+
+
+def answer(
+    index: Index,
+    q: QueryParams,
+    archive: Index | None = None,
+    clusters: list[str] | None = None,
+    archived_ids: set[str] | frozenset[str] = frozenset(),
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """A query's reply from one index snapshot (the DESIGN shape, without `took_ms`), with
+    the memory and cluster ids it returned (what the access statistics count)."""
+    res = index.search(q.text, q.max_memories, q.token_budget, archive=archive, clusters=clusters)
+    out = res.to_dict()
+    for m in out["memories"]:
+        m["archived"] = m["cluster_id"] in archived_ids
+    memory_ids = [h.memory.id for h in res.memories]
+    cluster_ids = sorted({h.cluster_id for h in res.memories if h.cluster_id})
+    return out, memory_ids, cluster_ids
 
 
 class Engine:
@@ -178,8 +196,12 @@ class Engine:
             # taken in from outside: memories may have left, and must not stay "known"
             self.known = state.memory_ids()
         if changes.full:
+            unsorted = state.unsorted_memories()
             self.index = Index.build(
-                state.clusters, state.unsorted_memories(), self.config.retrieval, self.config.ingest
+                state.clusters, unsorted, self.config.retrieval, self.config.ingest
+            )
+            self._index_changed(
+                IndexChange(True, tuple(state.clusters.values()), (), tuple(unsorted))
             )
         elif structural or changes.add_unsorted or changes.remove_unsorted:
             self.index = self.index.apply(
@@ -187,6 +209,15 @@ class Engine:
                 remove_clusters=changes.remove_clusters,
                 add_unsorted=changes.add_unsorted,
                 remove_unsorted=changes.remove_unsorted,
+            )
+            self._index_changed(
+                IndexChange(
+                    False,
+                    tuple(changes.upsert_clusters),
+                    tuple(changes.remove_clusters),
+                    tuple(changes.add_unsorted),
+                    tuple(changes.remove_unsorted),
+                )
             )
         if changes.full or changes.archive_changed:
             self._archived = dict(state.archived)
@@ -197,6 +228,10 @@ class Engine:
             self.head = changes.commit
             if self.hooks.on_commit is not None:
                 self.hooks.on_commit(changes.commit)
+
+    def _index_changed(self, change: IndexChange) -> None:
+        if self.hooks.on_index is not None:
+            self.hooks.on_index(change)
 
     def archive_index(self) -> Index:
         idx = self._archive_index
@@ -320,28 +355,25 @@ class Engine:
         # optional SLM pick among the lexical candidates (None: the lexical choice)
         refiner = self.hooks.refiner
         chosen = refiner.choose(index, q.text) if refiner is not None else None
-        res = index.search(
-            q.text, q.max_memories, q.token_budget, archive=archive_idx, clusters=chosen
-        )
-        out = res.to_dict()
         archived_ids = (
             {c["id"] for c in self._summaries if c["archived"]} if q.include_archive else set()
         )
-        for m in out["memories"]:
-            m["archived"] = m["cluster_id"] in archived_ids
-        self.stats.record(
-            [h.memory.id for h in res.memories],
-            sorted({h.cluster_id for h in res.memories if h.cluster_id}),
-        )
+        out, memory_ids, cluster_ids = answer(index, q, archive_idx, chosen, archived_ids)
         out["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-        self.counters["queries"] += 1
-        if count_round:
-            self.round(1)
+        self.note_query(memory_ids, cluster_ids, count_round)
         hit_archived = sorted({m["cluster_id"] for m in out["memories"] if m["archived"]})
         if hit_archived and self.config.archive.thaw_on_hit:
             self.writer.submit(self._thaw_op, hit_archived)
             out["thawing"] = hit_archived
         return out
+
+    def note_query(self, memory_ids: list[str], cluster_ids: list[str], count_round: bool) -> None:
+        """Count a query answered (here, or by a query process from its copy of the index):
+        the access statistics that archiving reads, and the round that triggers sessions."""
+        self.stats.record(memory_ids, cluster_ids)
+        self.counters["queries"] += 1
+        if count_round:
+            self.round(1)
 
     def round(self, n: int = 1) -> dict[str, Any]:
         if not isinstance(n, int) or n < 1:

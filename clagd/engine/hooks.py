@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from clagd.model import Cluster, Memory
+
 if TYPE_CHECKING:
     from clagd.engine.core import Engine
     from clagd.retrieval.refine import Refiner
@@ -20,6 +22,19 @@ class SessionRunner(Protocol):
     def __call__(
         self, engine: Engine, trigger: str = ..., backend: str | None = ...
     ) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class IndexChange:
+    """What the writer just did to the served index, for a copy of it (a query process) to
+    do the same: `Index.apply` with these arguments, or, when `build`, `Index.build` from
+    `upsert_clusters` and `add_unsorted` (the whole store, taken in from outside)."""
+
+    build: bool = False
+    upsert_clusters: tuple[Cluster, ...] = ()
+    remove_clusters: tuple[str, ...] = ()
+    add_unsorted: tuple[Memory, ...] = ()
+    remove_unsorted: tuple[str, ...] = ()
 
 
 @dataclass
@@ -41,3 +56,5 @@ class EngineHooks:
     status: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
     # the SLM pick among the lexical cluster candidates (retrieval.slm_refine)
     refiner: Refiner | None = None
+    # the served index changed (called on the writer thread, right after the swap)
+    on_index: Callable[[IndexChange], None] | None = None

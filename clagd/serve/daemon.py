@@ -20,17 +20,18 @@ from typing import Any
 
 from clagd.config import Config, load_config
 from clagd.engine.core import Engine
-from clagd.engine.hooks import EngineHooks
+from clagd.engine.hooks import EngineHooks, IndexChange
 from clagd.errors import StoreLocked
 from clagd.ingest.watcher import InboxWatcher
 from clagd.libc import malloc_trim
 from clagd.organize.session import engine_session_runner
 from clagd.protocol import resolve_socket
 from clagd.serve import sdnotify
+from clagd.serve.queryproc import CountingDispatcher, QueryProcesses
 from clagd.serve.reconfig import ConfigReloader
 from clagd.serve.replicate import Replicator
 from clagd.serve.scheduler import Scheduler
-from clagd.serve.server import SocketServer, build_dispatcher
+from clagd.serve.server import Dispatcher, Handler, SocketServer, build_dispatcher, internal_server
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager
 from clagd.store.files import PRIVATE_UMASK, Paths, init_store, privacy_warnings
@@ -136,6 +137,8 @@ class Daemon:
         self._route_timer: threading.Timer | None = None
         self._route_timer_lock = threading.Lock()
         self.watchdog: sdnotify.Watchdog | None = None
+        self.queryprocs: QueryProcesses | None = None
+        self._internal: SocketServer | None = None
 
     # -- the competence gate ------------------------------------------------------------
     def _backend_status(self) -> dict[str, Any]:
@@ -209,6 +212,7 @@ class Daemon:
         n = len(eng.index)
         log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
         sdnotify.ready(f"serving {n} memories")
+        self._start_query_processes(eng)
 
     def _hooks(self) -> EngineHooks:
         """Everything the engine calls out to, built before it (the scheduler, which starts
@@ -219,8 +223,10 @@ class Daemon:
             on_route_waiting=self._route_soon,
             session_runner=engine_session_runner(self.backends),
             backend_status=self._backend_status,
+            on_index=self._publish_index,
             status={
                 "inbox": self._inbox_status,
+                "query_processes": self._query_status,
                 "activity": self._activity,
                 "privacy": self._privacy_status,
                 "config": self.reloader.status,
@@ -241,6 +247,79 @@ class Daemon:
             hooks.on_commit = self.replicator.notify
             hooks.status["replication"] = self.replicator.status
         return hooks
+
+    # -- query processes (serve/queryproc.py) -----------------------------------------
+    def _start_query_processes(self, eng: Engine) -> None:
+        """Queries go to processes of their own once the daemon serves (it answers them
+        itself until one is ready, and again whenever none is)."""
+        cfg = self.config.server
+        if cfg.query_processes <= 0 or self.server is None:
+            return
+        if self.config.retrieval.slm_refine:
+            log.info("query processes off: retrieval.slm_refine asks the model at query time")
+            return
+        internal = self._internal = internal_server(
+            CountingDispatcher(self.server.dispatcher, lambda: self.queryprocs),
+            cfg.max_request_bytes,
+            cfg.read_timeout,
+        )
+        threading.Thread(
+            target=internal.serve_forever,
+            kwargs={"poll_interval": 0.5},
+            name="clagd-internal",
+            daemon=True,
+        ).start()
+        self.queryprocs = QueryProcesses(
+            cfg.query_processes,
+            eng,
+            self.server.socket,
+            internal.socket.getsockname(),
+            cfg,
+            self._on_query_serving,
+            logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+        )
+        self.queryprocs.start()
+
+    def _publish_index(self, change: IndexChange) -> None:
+        if self.queryprocs is not None:
+            self.queryprocs.publish(change)
+
+    def _query_status(self) -> dict[str, Any]:
+        if self.queryprocs is None:
+            return {"configured": self.config.server.query_processes, "serving": 0}
+        return self.queryprocs.status()
+
+    def _main_serving(self) -> bool:
+        return self._server_thread is not None and self._server_thread.is_alive()
+
+    def _on_query_serving(self, n: int) -> None:
+        """The daemon stops accepting on the socket while a query process serves (the
+        processes accept every connection and hand it what is not a query), and takes it
+        back when none does."""
+        with self._socket_lock:
+            srv = self.server
+            if srv is None or self.stop_event.is_set():
+                return
+            qp = self.queryprocs
+            srv.hand_off = qp.hand_off if n > 0 and qp is not None else None
+            if n > 0 and self._main_serving():
+                srv.shutdown()
+                log.info("%d query process(es) serve the socket", n)
+            elif n == 0 and not self._main_serving():
+                log.warning("no query process serves: the daemon serves the socket itself")
+                self._serve(srv)
+
+    def _caught_up(self, fn: Handler) -> Handler:
+        """`fn`, answered only once every query process serves what it changed: the next
+        query finds a memory that `add` (or `status`, seeing it ingested) reported."""
+
+        def run(params: dict[str, Any]) -> Any:
+            out = fn(params)
+            if self.queryprocs is not None:
+                self.queryprocs.wait_caught_up()
+            return out
+
+        return run
 
     def _activity(self) -> dict[str, Any]:
         """Queued and running sessions (`Scheduler.activity`): what a client waits out
@@ -282,7 +361,7 @@ class Daemon:
         inherited = sdnotify.listen_fds()
         server = SocketServer(
             None if inherited else self.socket_path,
-            build_dispatcher(eng, {"recluster": self._recluster}),
+            self._dispatcher(eng),
             max_request_bytes=cfg.max_request_bytes,
             read_timeout=cfg.read_timeout,
             max_clients=cfg.max_clients,
@@ -291,6 +370,12 @@ class Daemon:
         if inherited and server.path is not None:
             self.socket_path = server.path
         return server
+
+    def _dispatcher(self, eng: Engine) -> Dispatcher:
+        d = build_dispatcher(eng, {"recluster": self._recluster})
+        for op in ("add", "revert", "recluster", "archive", "status"):
+            d.op(op, self._caught_up(d.ops[op]))
+        return d
 
     @staticmethod
     def _settle_heap() -> None:
@@ -328,8 +413,10 @@ class Daemon:
             and self.watcher.alive()
             and self.scheduler is not None
             and self.scheduler.alive()
-            and self._server_thread is not None
-            and self._server_thread.is_alive()
+            and (
+                self._main_serving()
+                or (self.queryprocs is not None and self.queryprocs.serving() > 0)
+            )
         )
 
     def _housekeeping(self) -> None:
@@ -369,7 +456,8 @@ class Daemon:
         except FileNotFoundError:
             pass
         log.warning("the socket %s was removed: re-creating it", srv.path)
-        srv.shutdown()
+        if self._main_serving():
+            srv.shutdown()
         srv.socket.close()
         new = SocketServer(
             srv.path,
@@ -380,6 +468,8 @@ class Daemon:
         )
         self.server = new
         self._serve(new)
+        if self.queryprocs is not None:  # they accept on the old socket: start them again
+            self.queryprocs.restart_all(new.socket)
 
     def _serve(self, srv: SocketServer) -> None:
         self._socket_ino = os.lstat(srv.path).st_ino if srv.owns_path and srv.path else None
@@ -418,13 +508,19 @@ class Daemon:
         return 0
 
     def shutdown(self) -> None:
+        self.stop_event.set()  # nothing may serve or re-create the socket from here on
         sdnotify.stopping("shutting down")
         log.info("shutting down")
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.queryprocs is not None:
+            self.queryprocs.stop()
         if self.server is not None:
-            self.server.shutdown() if self._server_thread is not None else None
+            self.server.shutdown() if self._main_serving() else None
             self.server.server_close()
+        if self._internal is not None:
+            self._internal.shutdown()
+            self._internal.server_close()
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.watcher is not None:

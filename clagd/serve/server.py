@@ -7,7 +7,6 @@ request gets an error reply; nothing a client sends can stop the server.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -79,25 +78,45 @@ def _first_line(text: object) -> str:
     return ""
 
 
-class _DeadlineReader(io.RawIOBase):
-    """The connection's reads, each bounded by what is left of the time allowed for the
-    whole request line: a client sending one byte every few seconds cannot hold a slot
-    forever (a per-read timeout would restart with each byte)."""
+class _LineReader:
+    """Request lines from the connection, each read bounded by what is left of the time
+    allowed for the whole line: a client sending one byte every few seconds cannot hold a
+    slot forever (a per-read timeout would restart with each byte). What it has read past
+    the last line can be taken: a connection handed to a query process takes it along."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, prefix: bytes = b"") -> None:
         self.sock = sock
+        self.buf = bytearray(prefix)
         self.deadline: float | None = None
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: Any) -> int:
+    def _recv(self) -> bytes:
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the request did not arrive in time")
             self.sock.settimeout(left)
-        return self.sock.recv_into(buf)
+        return self.sock.recv(65536)
+
+    def readline(self, size: int) -> bytes:
+        """Up to and including the next newline, or `size` bytes, or what is left at EOF."""
+        scan = 0
+        while True:
+            i = self.buf.find(b"\n", scan, size)
+            if i >= 0:
+                n = i + 1
+                break
+            if len(self.buf) >= size:
+                n = size
+                break
+            scan = len(self.buf)
+            chunk = self._recv()
+            if not chunk:
+                n = len(self.buf)
+                break
+            self.buf += chunk
+        line = bytes(self.buf[:n])
+        del self.buf[:n]
+        return line
 
 
 def _strict(obj: Any) -> Any:
@@ -126,8 +145,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.request.settimeout(self.server.read_timeout)
-        self._reader = _DeadlineReader(self.request)
-        self.rfile = io.BufferedReader(self._reader)
+        self._reader = _LineReader(self.request, self.server.prefixes.pop(self.request, b""))
 
     def _send(self, obj: dict[str, Any]) -> bool:
         try:
@@ -181,11 +199,16 @@ class _ConnHandler(socketserver.StreamRequestHandler):
 
     def _serve(self) -> None:
         limit = self.server.max_request_bytes
-        while not self.server.closing:
+        srv = self.server
+        while not srv.closing:
+            hand_off = srv.hand_off
+            if hand_off is not None and hand_off(self.request, bytes(self._reader.buf)):
+                srv.handed_off.add(self.request)  # a query process serves it from here on
+                return
             # the next request line must be complete within read_timeout, however it trickles
-            self._reader.deadline = time.monotonic() + self.server.read_timeout
+            self._reader.deadline = time.monotonic() + srv.read_timeout
             try:
-                line = self.rfile.readline(limit + 1)
+                line = self._reader.readline(limit + 1)
             except TimeoutError:
                 return
             except OSError:
@@ -230,6 +253,11 @@ class SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.active = 0
         self.count_lock = threading.Lock()
         self.closing = False
+        # a connection to pass on between requests (to a query process; True: passed)
+        self.hand_off: Callable[[socket.socket, bytes], bool] | None = None
+        self.handed_off: set[socket.socket] = set()
+        # what the previous holder of a passed connection had read of it already
+        self.prefixes: dict[socket.socket, bytes] = {}
         self.owns_path = inherited is None
         if inherited is not None:
             socketserver.BaseServer.__init__(self, "", _ConnHandler)
@@ -257,6 +285,15 @@ class SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             os.umask(old)
         os.chmod(self.path, 0o600)
 
+    def shutdown_request(self, request: Any) -> None:
+        """A connection passed on is only closed here (a shutdown would end it for the
+        process that serves it now)."""
+        if request in self.handed_off:
+            self.handed_off.discard(request)
+            self.close_request(request)
+            return
+        super().shutdown_request(request)
+
     def server_close(self) -> None:
         self.closing = True
         super().server_close()
@@ -265,6 +302,26 @@ class SocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+
+
+def internal_server(
+    dispatcher: Dispatcher, max_request_bytes: int, read_timeout: float
+) -> SocketServer:
+    """A server on a fresh Linux abstract socket (no file: nothing in the store or the
+    runtime folder to clean up or to be deleted by a person's `git clean`), for the query
+    processes to hand the daemon every request they do not answer themselves. Only the
+    daemon's own uid may use it, like the public socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(f"\0clagd-{os.getpid()}-{os.urandom(6).hex()}")
+    sock.listen(128)
+    return SocketServer(
+        None,
+        dispatcher,
+        max_request_bytes=max_request_bytes,
+        read_timeout=read_timeout,
+        max_clients=4096,
+        inherited=sock,
+    )
 
 
 def _remove_stale(path: Path) -> None:

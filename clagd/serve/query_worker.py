@@ -1,0 +1,229 @@
+"""A query process (`server.query_processes`): it answers queries from its own copy of the
+index, outside the daemon's GIL, and hands every other request to the daemon.
+
+The daemon starts it with `python -m clagd.serve.query_worker`, passing the listening
+socket, one end of a control socket pair and the daemon's internal address. Over the
+control channel the daemon sends the index once (`init`) and then every change its writer
+makes (`apply`, the same `Index.apply` or `Index.build` arguments), each with a version;
+this process applies them in order and answers `applied` with the version, which is what
+lets the daemon answer a write only once every query process serves it. For each query it
+answers it reports the memories and clusters it returned (`queried`): the daemon keeps the
+access statistics and counts the rounds that trigger sessions.
+
+It accepts connections on the same listening socket as the daemon, checks the peer's uid
+and applies the same limits (`serve/server.py`). A request it does not answer itself (any
+op but `query`, and a query of the archive) goes to the daemon's internal socket as it
+came, on a connection of its own, and the reply comes back as the daemon gave it.
+
+It dies with the daemon: the kernel sends it SIGKILL when the daemon's thread that started
+it ends (PR_SET_PDEATHSIG), and it exits when the control channel closes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from clagd.engine.core import answer
+from clagd.engine.hooks import IndexChange
+from clagd.errors import ClagdError
+from clagd.libc import libc
+from clagd.protocol import QueryParams, error_reply
+from clagd.retrieval.index import Index
+from clagd.serve.logs import setup_logging
+from clagd.serve.queryproc import COUNTED_KEY
+from clagd.serve.server import Dispatcher, SocketServer
+
+log = logging.getLogger("clagd.query")
+
+PR_SET_PDEATHSIG = 1
+
+
+class Replica:
+    """This process's copy of the daemon's index, kept in step by the control channel."""
+
+    def __init__(self, conn: Connection, index: Index, version: int) -> None:
+        self.conn = conn
+        self.index = index
+        self.version = version
+        self.queries = 0
+        self.reported = 0  # `queried` messages sent
+        self._send_lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self.conn.send_bytes(data)
+            if msg[0] == "queried":
+                self.reported += 1
+
+    def apply(self, version: int, change: IndexChange) -> None:
+        idx = self.index
+        if change.build:
+            self.index = Index.build(
+                change.upsert_clusters, change.add_unsorted, idx.cfg, idx.ingest
+            )
+        else:
+            self.index = idx.apply(
+                upsert_clusters=change.upsert_clusters,
+                remove_clusters=change.remove_clusters,
+                add_unsorted=change.add_unsorted,
+                remove_unsorted=change.remove_unsorted,
+            )
+        self.version = version
+        self.send(("applied", version))
+
+    def query(self, params: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        out, memory_ids, cluster_ids = answer(self.index, QueryParams.from_request(params))
+        out["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        self.queries += 1
+        self.send(("queried", memory_ids, cluster_ids))
+        return out
+
+
+class ForwardingDispatcher(Dispatcher):
+    """Answers `query` from the replica; hands everything else to the daemon."""
+
+    def __init__(self, replica: Replica, daemon_address: bytes) -> None:
+        super().__init__()
+        self.replica = replica
+        self.daemon_address = daemon_address
+        self.op("query", replica.query)
+
+    def handle(self, req: Any) -> dict[str, Any]:
+        if isinstance(req, dict) and req.get("op") == "query" and not req.get("include_archive"):
+            return super().handle(req)
+        return self.forward(req)
+
+    def forward(self, req: Any) -> dict[str, Any]:
+        """The daemon's reply to `req`, on a connection of its own (a request can take long:
+        a `recluster` waits for its session; others on this client's connection wait as they
+        would on the daemon itself)."""
+        rid = req.get("id") if isinstance(req, dict) else None
+        if isinstance(req, dict):  # what the daemon must have counted before it answers
+            req = {**req, COUNTED_KEY: [os.getpid(), self.replica.reported]}
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(self.daemon_address)
+                s.sendall(json.dumps(req, ensure_ascii=False).encode() + b"\n")
+                with s.makefile("rb") as f:
+                    line = f.readline()
+        except OSError as exc:
+            return error_reply(rid, "unavailable", f"the daemon did not answer: {exc}")
+        if not line:
+            return error_reply(rid, "unavailable", "the daemon closed the connection")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+
+def _die_with_parent(parent: int) -> None:
+    fn = getattr(libc(), "prctl", None)
+    if fn is not None:
+        fn(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the daemon died before the line above
+        os._exit(0)
+
+
+def take_connections(handoff: socket.socket, server: SocketServer) -> None:
+    """Serve the connections the daemon passes on (those it accepted before this process
+    served), each with what the daemon had read of it."""
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(handoff, 1 << 16, 1)
+        except OSError:
+            return
+        if not msg:
+            return  # the daemon closed the channel
+        for fd in fds:
+            conn = socket.socket(fileno=fd)
+            server.prefixes[conn] = msg[1:]
+            server.process_request(conn, "")
+
+
+def serve(
+    conn: Connection,
+    listener: socket.socket,
+    handoff: socket.socket,
+    daemon_address: bytes,
+    limits: dict[str, Any],
+) -> int:
+    """Receive the index, serve on `listener`, apply changes until the channel closes."""
+    first = pickle.loads(conn.recv_bytes())
+    if first[0] == "stop":  # the daemon stopped while this process started
+        return 0
+    if first[0] != "init":
+        raise ClagdError(f"expected the index first, got {first[0]!r}")
+    _kind, version, index = first
+    replica = Replica(conn, index, version)
+    server = SocketServer(
+        None,
+        ForwardingDispatcher(replica, daemon_address),
+        max_request_bytes=limits["max_request_bytes"],
+        read_timeout=limits["read_timeout"],
+        max_clients=limits["max_clients"],
+        inherited=listener,
+    )
+    server.owns_path = False  # the daemon's socket file: never removed here
+    # the index came over the channel: settle its heap so the cyclic GC leaves it alone
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    sys.setswitchinterval(0.0005)  # the control thread's applies yield to queries sooner
+    threading.Thread(target=take_connections, args=(handoff, server), daemon=True).start()
+    replica.send(("applied", version))
+    accepting = False
+    try:
+        while True:
+            try:
+                msg = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                return 0  # the daemon is gone or stopping
+            if msg[0] == "stop":
+                return 0
+            if msg[0] == "serve" and not accepting:
+                # the daemon saw this copy catch up with its writer: from now on a query
+                # that reaches this process finds every change the daemon has answered for
+                accepting = True
+                threading.Thread(
+                    target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+                ).start()
+                log.info("query process %d serving %d memories", os.getpid(), len(replica.index))
+            elif msg[0] == "apply":
+                replica.apply(msg[1], msg[2])
+    finally:
+        if accepting:
+            server.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    """argv: control fd, listening fd, hand-off fd, daemon pid, internal address (hex),
+    limits (JSON), log level."""
+    ctl_fd, listen_fd, handoff_fd, parent = (int(a) for a in argv[:4])
+    daemon_address = bytes.fromhex(argv[4])
+    limits = json.loads(argv[5])
+    setup_logging(argv[6] if len(argv) > 6 else "INFO")
+    _die_with_parent(parent)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the daemon, which stops us
+    listener = socket.socket(fileno=listen_fd)
+    try:
+        handoff = socket.socket(fileno=handoff_fd)
+        return serve(Connection(ctl_fd), listener, handoff, daemon_address, limits)
+    except Exception:
+        log.exception("query process %d failed", os.getpid())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

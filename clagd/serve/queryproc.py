@@ -1,0 +1,359 @@
+"""The daemon's side of the query processes (`server.query_processes`, see
+`serve/query_worker.py`): start them, keep their copies of the index in step, take in what
+their queries count, restart one that dies, and say how many serve.
+
+Why processes: a query is ~1 ms of Python and numpy under the GIL; the writer's route pass
+and sessions are seconds of it. In one process a query waits for the GIL at every switch
+and behind every long C call of the writer (a YAML dump, a sort), which is what made query
+p99 while the daemon organizes ten times its idle figure. A query process has a GIL of its
+own; what it shares with the writer is only the CPU.
+
+Consistency: every change of the served index reaches every query process in the writer's
+order, each with a version. `wait_caught_up` blocks until every serving process applied the
+newest version: the daemon calls it before it answers a write (and `status`), so a client
+that added a memory, or saw it ingested, finds it in the next query wherever it is served.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from clagd.config import ServerConfig
+from clagd.engine.core import Engine
+from clagd.engine.hooks import IndexChange
+from clagd.serve.server import Dispatcher
+from clagd.store.writer import WriteContext
+
+log = logging.getLogger("clagd.query")
+
+RESTART_MIN, RESTART_MAX = 1.0, 60.0  # seconds between restarts of a failing process
+# a forwarded request's [pid, queries it had reported]: the daemon counts those first, so
+# `status` after a query counts it wherever it was answered
+COUNTED_KEY = "_clagd_counted"
+SERVE = pickle.dumps(("serve",))  # to a process that caught up: accept connections now
+HANDOFF_MAX = 60_000  # bytes a passed connection may take along (one SEQPACKET message)
+
+
+class _Proc:
+    """One query process and the channel to it, as seen from the daemon."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.conn: Connection | None = None
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.applied = -1  # the newest version it has applied (-1: none yet)
+        self.serving = False  # it caught up with the writer once: queries may go to it
+        self.receiving = False  # index changes are queued for it
+        self.queries = 0
+        self.counted = 0  # `queried` messages taken in from this life of the process
+        self.started = 0.0
+        self.handoff: socket.socket | None = None  # connections are passed on this
+        self.handoff_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+
+class CountingDispatcher(Dispatcher):
+    """The daemon's internal socket: a request forwarded by a query process is answered
+    once the queries that process answered before it are counted."""
+
+    def __init__(self, inner: Dispatcher, procs: Callable[[], QueryProcesses | None]) -> None:
+        super().__init__()
+        self.ops = inner.ops
+        self.inner = inner
+        self.procs = procs
+
+    def handle(self, req: Any) -> dict[str, Any]:
+        if isinstance(req, dict):
+            src = req.pop(COUNTED_KEY, None)
+            qp = self.procs()
+            if qp is not None and isinstance(src, list) and len(src) == 2:
+                qp.wait_counted(int(src[0]), int(src[1]))
+        return self.inner.handle(req)
+
+
+class QueryProcesses:
+    def __init__(
+        self,
+        count: int,
+        engine: Engine,
+        listener: socket.socket,
+        daemon_address: bytes,
+        limits: ServerConfig,
+        on_serving: Callable[[int], None],
+        log_level: str = "INFO",
+    ) -> None:
+        self.count = count
+        self.engine = engine
+        self.listener = listener
+        self.daemon_address = daemon_address
+        self.limits = {
+            "max_request_bytes": limits.max_request_bytes,
+            "read_timeout": limits.read_timeout,
+            "max_clients": limits.max_clients,
+        }
+        self.on_serving = on_serving
+        self.log_level = log_level
+        self.version = 0  # of the served index, counted by `publish` on the writer thread
+        self.restarts = 0
+        self.last_error = ""
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._procs = [_Proc(i) for i in range(count)]
+        self._threads: list[threading.Thread] = []
+        self._serving = 0
+        self._next = 0
+
+    # -- the writer's side ------------------------------------------------------------
+    def publish(self, change: IndexChange) -> None:
+        """The served index changed (writer thread): queue the change for every process
+        that receives changes. Pickled here, once, before the writer goes on."""
+        self.version += 1
+        targets = [p for p in self._procs if p.receiving]
+        if not targets:
+            return
+        data = pickle.dumps(("apply", self.version, change), protocol=pickle.HIGHEST_PROTOCOL)
+        for p in targets:
+            p.outbox.put(data)
+
+    def _init_op(self, _ctx: WriteContext, p: _Proc) -> None:
+        """On the writer thread (no change can be half-applied to the index meanwhile): the
+        current index, then every change after it."""
+        data = pickle.dumps(
+            ("init", self.version, self.engine.index), protocol=pickle.HIGHEST_PROTOCOL
+        )
+        p.outbox.put(data)
+        p.receiving = True
+
+    # -- reads ------------------------------------------------------------------------
+    def serving(self) -> int:
+        with self._cond:
+            return self._serving
+
+    def wait_caught_up(self, timeout: float = 30.0) -> bool:
+        """Block until every serving process serves the newest index (False: one did not
+        within `timeout`; it is then restarted, and the caller answers anyway)."""
+        with self._cond:
+            target = self.version
+            ok = self._cond.wait_for(
+                lambda: all(p.applied >= target for p in self._procs if p.serving), timeout
+            )
+            late = [p for p in self._procs if p.serving and p.applied < target]
+        if not ok:
+            for p in late:
+                log.error("query process %s is %ss behind: restarting it", p.pid, timeout)
+                self._kill(p)
+        return ok
+
+    def wait_counted(self, pid: int, n: int, timeout: float = 5.0) -> None:
+        """Until the daemon took in the first `n` queries process `pid` answered."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: all(p.pid != pid or p.counted >= n for p in self._procs), timeout
+            )
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "configured": self.count,
+                "serving": self._serving,
+                "version": self.version,
+                "processes": [
+                    {"pid": p.pid, "applied": p.applied, "queries": p.queries} for p in self._procs
+                ],
+                "restarts": self.restarts,
+                "last_error": self.last_error,
+            }
+
+    # -- life ---------------------------------------------------------------------------
+    def start(self) -> None:
+        for p in self._procs:
+            # the thread that starts a process must outlive it (PR_SET_PDEATHSIG follows
+            # the starting thread): each process has one thread, for its whole life
+            t = threading.Thread(target=self._run, args=(p,), name=f"clagd-query-{p.slot}")
+            t.daemon = True
+            t.start()
+            self._threads.append(t)
+
+    def restart_all(self, listener: socket.socket) -> None:
+        """The socket was re-created: the processes start again on the new one."""
+        self.listener = listener
+        for p in self._procs:
+            self._kill(p)
+
+    def stop(self) -> None:
+        """Stop every process (each ends when its channel says so, or is killed) and wait
+        for them: none may go on serving the socket after the daemon closed it."""
+        self._stop.set()
+        for p in self._procs:
+            p.outbox.put(None)
+        for t in self._threads:
+            t.join(10)
+        for p in self._procs:
+            if p.popen is not None and p.popen.poll() is None:
+                p.popen.kill()
+                p.popen.wait(5)
+
+    def _kill(self, p: _Proc) -> None:
+        if p.popen is not None and p.popen.poll() is None:
+            p.popen.kill()
+
+    def _run(self, p: _Proc) -> None:
+        delay = RESTART_MIN
+        while not self._stop.is_set():
+            try:
+                self._one_life(p)
+            except Exception as exc:  # noqa: BLE001 - reported, then started again
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("query process %d: %s", p.slot, self.last_error)
+            self._ended(p)
+            if self._stop.is_set():
+                return
+            lived = time.monotonic() - p.started
+            delay = RESTART_MIN if lived > RESTART_MAX else min(RESTART_MAX, delay * 2)
+            self.restarts += 1
+            log.warning("query process %d ended; starting it again in %.0f s", p.slot, delay)
+            if self._stop.wait(delay):
+                return
+
+    def hand_off(self, conn: socket.socket, buffered: bytes) -> bool:
+        """Pass a connection the daemon accepted (before a query process served) to one
+        that serves, with what the daemon read of it already; False: keep it."""
+        if len(buffered) > HANDOFF_MAX:
+            return False
+        with self._cond:
+            ready = [p for p in self._procs if p.serving and p.handoff is not None]
+            if not ready:
+                return False
+            self._next = (self._next + 1) % len(ready)
+            p = ready[self._next]
+        try:
+            with p.handoff_lock:
+                assert p.handoff is not None
+                socket.send_fds(p.handoff, [b"c" + buffered], [conn.fileno()])
+        except (OSError, AssertionError):
+            return False
+        return True
+
+    def _spawn(self, p: _Proc) -> None:
+        ours, theirs = socket.socketpair()
+        handoff, their_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            args = [
+                sys.executable,
+                "-m",
+                "clagd.serve.query_worker",
+                str(theirs.fileno()),
+                str(self.listener.fileno()),
+                str(their_handoff.fileno()),
+                str(os.getpid()),
+                self.daemon_address.hex(),
+                json.dumps(self.limits),
+                self.log_level,
+            ]
+            fds = (theirs.fileno(), self.listener.fileno(), their_handoff.fileno())
+            p.popen = subprocess.Popen(args, pass_fds=fds, stdin=subprocess.DEVNULL)
+        except BaseException:
+            handoff.close()
+            raise
+        finally:
+            theirs.close()
+            their_handoff.close()
+        p.handoff = handoff
+        p.conn = Connection(ours.detach())
+        p.counted = 0
+        p.outbox = queue.SimpleQueue()
+        p.started = time.monotonic()
+
+    def _one_life(self, p: _Proc) -> None:
+        self._spawn(p)
+        assert p.conn is not None
+        if self._stop.is_set():  # stopped while it started: `_ended` ends it
+            return
+        sender = threading.Thread(target=self._send_loop, args=(p.conn, p.outbox), daemon=True)
+        sender.start()
+        self.engine.writer.call(self._init_op, p)
+        while True:
+            try:
+                msg = pickle.loads(p.conn.recv_bytes())
+            except (EOFError, OSError):
+                return
+            if msg[0] == "applied":
+                self._applied(p, msg[1])
+            elif msg[0] == "queried":
+                self.engine.note_query(msg[1], msg[2], True)
+                with self._cond:
+                    p.queries += 1
+                    p.counted += 1
+                    self._cond.notify_all()
+
+    @staticmethod
+    def _send_loop(conn: Connection, outbox: queue.SimpleQueue[bytes | None]) -> None:
+        """Sends what the writer queued, in order (the writer never waits on a pipe)."""
+        while True:
+            data = outbox.get()
+            try:
+                conn.send_bytes(pickle.dumps(("stop",)) if data is None else data)
+            except OSError:
+                return
+            if data is None:
+                return
+
+    def _applied(self, p: _Proc, version: int) -> None:
+        with self._cond:
+            p.applied = version
+            # it serves once it has caught up with every change published so far (a change
+            # queued behind its initial index would otherwise be missing from its answers)
+            first = not p.serving and version >= self.version
+            if first:
+                p.serving = True
+                self._serving += 1
+                p.outbox.put(SERVE)  # it starts accepting connections only now
+            self._cond.notify_all()
+            n = self._serving
+        if first:
+            log.info("query process %d (pid %s) serves", p.slot, p.pid)
+            self.on_serving(n)
+
+    def _ended(self, p: _Proc) -> None:
+        p.receiving = False
+        p.outbox.put(None)  # ends its sender (and asks the process to stop)
+        if p.popen is not None:
+            try:
+                code = p.popen.wait(5 if self._stop.is_set() else 0.01)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                code = p.popen.wait()
+            if not self._stop.is_set():
+                log.warning("query process %d (pid %s) exited with %s", p.slot, p.pid, code)
+        if p.conn is not None:
+            p.conn.close()
+        with p.handoff_lock:
+            if p.handoff is not None:
+                p.handoff.close()
+                p.handoff = None
+        with self._cond:
+            was = p.serving
+            p.applied = -1
+            p.serving = False
+            if was:
+                self._serving -= 1
+            self._cond.notify_all()
+            n = self._serving
+        if was:
+            self.on_serving(n)
