@@ -80,6 +80,8 @@ def test_readme_tour_is_what_the_script_prints(tmp_path: Path) -> None:
     # normal work logs no warnings: the only one is the broken file the tour drops on purpose
     warnings = [ln for ln in daemon_log.splitlines() if " WARNING " in ln or " ERROR " in ln]
     assert len(warnings) == 1 and "broken.json" in warnings[0], daemon_log
+    # `kill %1` stopped the daemon itself, cleanly (not only a subshell around it)
+    assert daemon_log.rstrip().endswith("clagd: stopped"), daemon_log
 
 
 def test_masks_keep_what_matters() -> None:

@@ -20,7 +20,9 @@ fi
 cd "$WORK"
 cp "$HERE/trip.yaml" "$HERE/ana.md" "$HERE/broken.json" .
 CLAGD="${CLAGD:-clagd}"  # tests run `python -m clagd` from the source tree
-clagd() { $CLAGD "$@"; }
+# in a background job (`clagd run ... &`) the function runs in a subshell: exec, so that the
+# job is the daemon itself and `kill %1` stops it (not only the subshell around it)
+clagd() { if [ "$BASHPID" != "$$" ]; then exec $CLAGD "$@"; fi; $CLAGD "$@"; }
 
 LAST=""
 run() {  # print "$ command", run it in this shell, print its output
