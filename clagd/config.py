@@ -169,6 +169,9 @@ class ServerConfig:
     # processes that answer queries from their own copy of the index, outside the daemon's
     # GIL (0: the daemon answers them itself; see clagd/serve/queryproc.py)
     query_processes: int = 1
+    # while they serve, the daemon's own threads (writer, sessions, inbox, git) run this much
+    # nicer than the query processes: a query preempts organizing on a busy CPU (0: off)
+    background_nice: int = 10
 
 
 @dataclass

@@ -113,6 +113,7 @@ def check_server(c: _Checker) -> None:
     c.above(0, "read_timeout")
     c.at_least(1, "max_clients")
     c.within(0, 16, "query_processes")
+    c.within(0, 19, "background_nice")
 
 
 def check_replication(c: _Checker) -> None:

@@ -27,7 +27,7 @@ from clagd.libc import malloc_trim
 from clagd.organize.session import engine_session_runner
 from clagd.protocol import resolve_socket
 from clagd.serve import sdnotify
-from clagd.serve.queryproc import CountingDispatcher, QueryProcesses
+from clagd.serve.queryproc import CountingDispatcher, QueryProcesses, lower_priority
 from clagd.serve.reconfig import ConfigReloader
 from clagd.serve.replicate import Replicator
 from clagd.serve.scheduler import Scheduler
@@ -279,6 +279,11 @@ class Daemon:
             logging.getLevelName(logging.getLogger().getEffectiveLevel()),
         )
         self.queryprocs.start()
+        # organizing is background work once queries have processes of their own: on a busy
+        # CPU the scheduler gives a query the core before the writer, a session or git
+        n = lower_priority(cfg.background_nice)
+        if n:
+            log.info("organizing runs at nice +%d (%d threads)", cfg.background_nice, n)
 
     def _publish_index(self, change: IndexChange) -> None:
         if self.queryprocs is not None:

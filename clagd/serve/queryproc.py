@@ -68,6 +68,32 @@ class _Proc:
         return self.popen.pid if self.popen is not None else None
 
 
+# the daemon's threads that organize: the writer (ingest, route pass, session apply, git),
+# the inbox watcher, the scheduler and the pool its jobs (sessions) run in
+BACKGROUND_THREADS = ("clagd-writer", "clagd-inbox", "APScheduler", "ThreadPoolExecutor")
+
+
+def lower_priority(nice: int) -> int:
+    """Make the daemon's organizing threads (`BACKGROUND_THREADS`) `nice` steps nicer, up
+    to 19; the threads and processes they start later inherit it (Linux nice is per
+    thread). The query processes, the socket threads and the caller's threads keep theirs.
+    Returns how many threads were changed; a failure changes nothing and is logged."""
+    if nice <= 0:
+        return 0
+    done = 0
+    for t in threading.enumerate():
+        tid = t.native_id
+        if tid is None or not t.name.startswith(BACKGROUND_THREADS):
+            continue
+        try:
+            now = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+            done += 1
+        except OSError as exc:  # a thread that just ended, or a system that refuses
+            log.debug("cannot renice thread %s: %s", tid, exc)
+    return done
+
+
 class CountingDispatcher(Dispatcher):
     """The daemon's internal socket: a request forwarded by a query process is answered
     once the queries that process answered before it are counted."""

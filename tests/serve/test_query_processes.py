@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,18 @@ def test_queries_come_from_a_query_process_that_serves_every_write(
             mine = c.call("query", text=text)
             theirs = c.call("query", text=text, include_archive=True)
             assert comparable(mine) == comparable(theirs)
+
+
+def test_organizing_runs_nicer_than_the_query_processes(daemon: InProcessDaemon) -> None:
+    """On a busy CPU a query must not wait behind a session or a route pass: the daemon's
+    organizing threads run `server.background_nice` nicer than the query processes."""
+    with daemon.client() as c:
+        pid = wait_for(lambda: serving(c), 60, "the query process to serve")["processes"][0]["pid"]
+    writer = daemon.engine.writer._thread.native_id
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert os.getpriority(os.PRIO_PROCESS, pid) == mine  # the query process: as the caller
+    assert daemon.daemon.config.server.background_nice == 10
+    assert os.getpriority(os.PRIO_PROCESS, writer) == min(19, mine + 10)
 
 
 def test_ingested_memories_are_found_once_status_says_they_are_in(
