@@ -174,6 +174,9 @@ def serve(
         inherited=listener,
     )
     server.owns_path = False  # the daemon's socket file: never removed here
+    # several processes accept on this socket: one woken for a connection another took must
+    # not block in accept() (it could not stop); the socketserver loop takes EAGAIN in stride
+    listener.setblocking(False)
     # the index came over the channel: settle its heap so the cyclic GC leaves it alone
     import gc
 

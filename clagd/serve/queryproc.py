@@ -349,12 +349,14 @@ class QueryProcesses:
             if first:
                 p.serving = True
                 self._serving += 1
-                p.outbox.put(SERVE)  # it starts accepting connections only now
             self._cond.notify_all()
             n = self._serving
         if first:
             log.info("query process %d (pid %s) serves", p.slot, p.pid)
+            # the daemon stops accepting first (its accept loop must not block in accept()
+            # on a connection that a process took), then the process starts accepting
             self.on_serving(n)
+            p.outbox.put(SERVE)
 
     def _ended(self, p: _Proc) -> None:
         p.receiving = False
