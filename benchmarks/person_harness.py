@@ -417,6 +417,27 @@ def run(
     return report
 
 
+def query_process_problems(daemon: DaemonProcess, st: dict, texts: list[str]) -> list[str]:
+    """The query processes serve the daemon's newest index, and answer as the daemon's own
+    (a query of the archive is the daemon's; archive is off here, so they must agree)."""
+    qp = st.get("query_processes") or {}
+    if not qp.get("configured"):
+        return []
+    out = []
+    procs = qp.get("processes", [])
+    if qp["serving"] != qp["configured"] or any(p["applied"] != qp["version"] for p in procs):
+        out.append(f"query processes behind the daemon: {qp}")
+    with Client(daemon.socket, timeout=30) as c:
+        for text in texts:
+            mine = c.call("query", text=text)
+            theirs = c.call("query", text=text, include_archive=True)
+            ids = [(m["id"], m["score"]) for m in mine["memories"]]
+            if ids != [(m["id"], m["score"]) for m in theirs["memories"]]:
+                out.append(f"a query process answers {text!r} unlike the daemon")
+                break
+    return out
+
+
 def finish(root: Path, daemon: DaemonProcess, load: Load, person: Person) -> dict:
     problems: list[str] = []
     inbox = root / "inbox"
@@ -462,6 +483,7 @@ def finish(root: Path, daemon: DaemonProcess, load: Load, person: Person) -> dic
     n_hot = sum(n for t, n in contents.items())  # archive is off here: all are served
     if st["counts"]["memories"] != n_hot:
         problems.append(f"daemon serves {st['counts']['memories']}, HEAD holds {n_hot}")
+    problems += query_process_problems(daemon, st, list(contents)[:20])
     fsck = subprocess.run(["git", "fsck", "--full"], cwd=root, capture_output=True, text=True)
     if fsck.returncode != 0:
         problems.append(f"git fsck: {fsck.stderr.strip()[:300]}")

@@ -322,6 +322,8 @@ class Daemon:
             out = fn(params)
             if self.queryprocs is not None:
                 self.queryprocs.wait_caught_up()
+                if isinstance(out, dict) and "query_processes" in out:  # `status`: as now
+                    out["query_processes"] = self._query_status()
             return out
 
         return run
