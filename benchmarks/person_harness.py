@@ -420,13 +420,22 @@ def run(
 def query_process_problems(daemon: DaemonProcess, st: dict, texts: list[str]) -> list[str]:
     """The query processes serve the daemon's newest index, and answer as the daemon's own
     (a query of the archive is the daemon's; archive is off here, so they must agree)."""
-    qp = st.get("query_processes") or {}
-    if not qp.get("configured"):
+    if not (st.get("query_processes") or {}).get("configured"):
         return []
     out = []
-    procs = qp.get("processes", [])
-    if qp["serving"] != qp["configured"] or any(p["applied"] != qp["version"] for p in procs):
-        out.append(f"query processes behind the daemon: {qp}")
+
+    def caught_up() -> dict | None:  # one may be starting again (a `git clean` took the socket)
+        with Client(daemon.socket, timeout=30) as c:
+            qp = c.status()["query_processes"]
+        procs = qp["processes"]
+        ok = qp["serving"] == qp["configured"] and all(p["applied"] == qp["version"] for p in procs)
+        return qp if ok else None
+
+    try:
+        wait_for(caught_up, 30, "the query processes")
+    except AssertionError:
+        with Client(daemon.socket, timeout=30) as c:
+            out.append(f"query processes behind the daemon: {c.status()['query_processes']}")
     with Client(daemon.socket, timeout=30) as c:
         for text in texts:
             mine = c.call("query", text=text)

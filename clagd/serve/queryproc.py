@@ -59,6 +59,7 @@ class _Proc:
         self.receiving = False  # index changes are queued for it
         self.queries = 0
         self.counted = 0  # `queried` messages taken in from this life of the process
+        self.replacing = False  # killed to start again on a re-created socket
         self.started = 0.0
         self.handoff: socket.socket | None = None  # connections are passed on this
         self.handoff_lock = threading.Lock()
@@ -136,7 +137,8 @@ class QueryProcesses:
         self.on_serving = on_serving
         self.log_level = log_level
         self.version = 0  # of the served index, counted by `publish` on the writer thread
-        self.restarts = 0
+        self.restarts = 0  # after a process ended by itself (or was too slow)
+        self.replaced = 0  # started again on a re-created socket
         self.last_error = ""
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -203,6 +205,7 @@ class QueryProcesses:
                     {"pid": p.pid, "applied": p.applied, "queries": p.queries} for p in self._procs
                 ],
                 "restarts": self.restarts,
+                "replaced": self.replaced,
                 "last_error": self.last_error,
             }
 
@@ -220,7 +223,9 @@ class QueryProcesses:
         """The socket was re-created: the processes start again on the new one."""
         self.listener = listener
         for p in self._procs:
-            self._kill(p)
+            if p.popen is not None and p.popen.poll() is None:
+                p.replacing = True
+                p.popen.kill()
 
     def stop(self) -> None:
         """Stop every process (each ends when its channel says so, or is killed) and wait
@@ -240,7 +245,7 @@ class QueryProcesses:
             p.popen.kill()
 
     def _run(self, p: _Proc) -> None:
-        delay = RESTART_MIN
+        failures = 0
         while not self._stop.is_set():
             try:
                 self._one_life(p)
@@ -250,8 +255,13 @@ class QueryProcesses:
             self._ended(p)
             if self._stop.is_set():
                 return
+            if p.replacing:  # the socket was re-created: at once, on the new one
+                p.replacing = False
+                self.replaced += 1
+                continue
             lived = time.monotonic() - p.started
-            delay = RESTART_MIN if lived > RESTART_MAX else min(RESTART_MAX, delay * 2)
+            failures = 1 if lived > RESTART_MAX else failures + 1
+            delay = min(RESTART_MAX, RESTART_MIN * 2 ** (failures - 1))
             self.restarts += 1
             log.warning("query process %d ended; starting it again in %.0f s", p.slot, delay)
             if self._stop.wait(delay):

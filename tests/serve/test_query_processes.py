@@ -184,3 +184,26 @@ def test_without_query_processes_the_daemon_answers_queries_itself(
         assert d.engine.counters["queries"] == 1
     finally:
         d.stop()
+
+
+def test_a_deleted_socket_is_served_again_by_new_query_processes(
+    daemon: InProcessDaemon,
+) -> None:
+    """`rm` of the socket (or a `git clean` of the runtime folder): the daemon re-creates
+    it, and its query processes start again at once on the new one."""
+    with daemon.client() as c:
+        c.add("The passport is in the top drawer")
+        wait_for(lambda: serving(c), 60, "the query process to serve")
+    daemon.socket.unlink()
+    daemon.daemon._check_socket()  # what its main loop does every second
+
+    def back() -> dict[str, Any] | None:
+        with daemon.client() as c:
+            st = qstatus(c)
+        return st if st["replaced"] >= 1 and st["serving"] == 1 else None
+
+    st = wait_for(back, 30, "query processes on the new socket")
+    assert st["restarts"] == 0  # not a failure: no back-off
+    with daemon.client() as c:
+        assert "top drawer" in c.query("passport").memories[0].content
+        assert qstatus(c)["processes"][0]["queries"] >= 1
