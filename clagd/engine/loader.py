@@ -21,6 +21,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -47,11 +48,11 @@ log = logging.getLogger(__name__)
 # process and importing numpy/yaml takes ~0.3 s; parsing and preparing ~1 MB takes ~0.1 s)
 PARALLEL_MIN_BYTES = 4 << 20
 MAX_WORKERS = 4
-# the size of a chunk of files: small enough that the processes finish close together (a
-# process waits for at most the chunk the other is on and the one queued after it), large
-# enough that sending each chunk's task and result costs little
-CHUNK_BYTES = 1 << 20
-MAX_CHUNKS = 256
+# The smallest chunk of files, around where the processes are expected to meet; farther away
+# a chunk is a quarter of its distance from there. A process that finds no chunk left waits
+# for the chunk a worker is on and the one queued for it after that, so those are small,
+# while the far ones are large, which costs less to send.
+MIN_CHUNK_BYTES = 256 << 10
 
 
 @dataclass
@@ -107,14 +108,22 @@ def _sizes(root: Path, rels: list[str]) -> list[int]:
     return out
 
 
-def _chunks(rels: list[str], sizes: list[int], n: int) -> list[list[str]]:
-    """`rels` cut into at most `n` runs of about equal size in bytes, in order."""
+def _chunks(rels: list[str], sizes: list[int], procs: int) -> list[list[str]]:
+    """`rels` cut into runs, in order, for `procs` processes: the workers take runs from
+    the first on, this process from the last on. It starts first and meets them a little
+    past its share: runs are smallest from a bit before that point to a bit after, and
+    grow with the distance from there."""
     total = sum(sizes)
+    meet = total * (procs - 1) / procs
+    lo, hi = meet - 0.2 * total, meet + 0.05 * total
+    least = min(MIN_CHUNK_BYTES, total / (4 * procs))  # a small store: still 4 per process
     chunks: list[list[str]] = [[]]
-    done = 0
+    start = done = 0
     for rel, size in zip(rels, sizes):
-        if chunks[-1] and done >= total * len(chunks) / n:
+        target = max(least, (lo - start) / 4, (start - hi) / 4)
+        if chunks[-1] and done - start >= target:
             chunks.append([])
+            start = done
         chunks[-1].append(rel)
         done += size
     return chunks
@@ -143,17 +152,22 @@ def _load_store(root: Path, config: Config | None, workers: int) -> Loaded:
     if workers <= 0:
         hot = sum(s for r, s in zip(rels, sizes) if r.startswith((CLUSTERS + "/", UNSORTED + "/")))
         workers = min(_cpus(), MAX_WORKERS) if hot >= PARALLEL_MIN_BYTES else 1
-    if workers > 1:
-        n = min(MAX_CHUNKS, max(2 * workers, sum(sizes) // CHUNK_BYTES))
-        chunks = _chunks(rels, sizes, n)
-    else:
-        chunks = [rels]
+    chunks = _chunks(rels, sizes, workers) if workers > 1 else [rels]
     parts = _load_parts(root, chunks, workers - 1, settings.cfg.stemmer, settings.cfg.stopwords)
     errors = [e for p in parts for e in p.errors]
     checked = all(p.checked for p in parts)
     state = merge_loaded([p.update for p in parts], errors, checked)
     index = build([p.prepared for p in parts], settings.cfg, settings.ingest)
     return Loaded(state, index, workers=workers)
+
+
+def _start_method() -> multiprocessing.context.BaseContext:
+    """fork while this process runs no other thread: a forked worker starts at once (a
+    spawned one starts Python and imports numpy and clagd first, 0.3-0.5 s, while this
+    process loads alone). With other threads, spawn: a forked child could inherit a lock
+    some other thread held."""
+    alone = threading.active_count() == 1
+    return multiprocessing.get_context("fork" if alone and os.name == "posix" else "spawn")
 
 
 def _load_parts(
@@ -164,12 +178,8 @@ def _load_parts(
     futures: list[Future[Part] | None] = [None] * len(chunks)
     pool: ProcessPoolExecutor | None = None
     if procs > 0 and len(chunks) > 1:
-        # spawn, not fork: the daemon may already run threads (a forked child could inherit
-        # a lock some other thread held)
         try:
-            pool = ProcessPoolExecutor(
-                max_workers=procs, mp_context=multiprocessing.get_context("spawn")
-            )
+            pool = ProcessPoolExecutor(max_workers=procs, mp_context=_start_method())
             futures = [pool.submit(load_part, str(root), c, stem, stopwords) for c in chunks]
         except (OSError, RuntimeError) as exc:
             log.warning("start-up: no loader processes (%s); loading in this one", exc)

@@ -73,7 +73,8 @@ def test_parallel_load_equals_a_load_in_one_process(
     cfg = load_config(root)
     one = loader.load_store(root, cfg, workers=1)
     many = loader.load_store(root, cfg, workers=3)
-    monkeypatch.setattr(loader, "MAX_CHUNKS", 3)  # fewer chunks than the processes' share
+    # fewer chunks than processes
+    monkeypatch.setattr(loader, "_chunks", lambda rels, sizes, procs: [rels[:3], rels[3:]])
     few = loader.load_store(root, cfg, workers=3)
     assert (one.workers, many.workers, few.workers) == (1, 3, 3)
     files = load_state(root)
