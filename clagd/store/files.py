@@ -166,7 +166,14 @@ class StoreState:
         return out
 
     def memory_ids(self) -> set[str]:
-        return {m.id for m, _a, _k in self.all_memories()}
+        ids = {
+            m.id
+            for area in (self.clusters, self.archived)
+            for c in area.values()
+            for m in c.memories
+        }
+        ids.update(m.id for mems in self.unsorted.values() for m in mems)
+        return ids
 
     def content_keys(self) -> set[str]:
         """Ids and content hashes of every memory: what makes a new memory a duplicate."""
