@@ -5,6 +5,7 @@ process that cannot start or dies costs only time."""
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
@@ -91,6 +92,26 @@ def test_parallel_load_equals_a_load_in_one_process(
         assert got.index.n_clusters == plain.n_clusters == len(TOPICS)
         assert_same_index(got.index, plain)
         assert _results(got.index) == _results(plain)
+
+
+def test_workers_are_spawned_while_another_thread_runs(tmp_path: Path) -> None:
+    """fork only while the loading process runs no other thread (a forked child could
+    inherit a lock another thread holds); the load is the same either way."""
+    root = _store(tmp_path)
+    if threading.active_count() == 1:
+        assert loader._start_method().get_start_method() == "fork"
+    forked = loader.load_store(root, workers=2)
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert loader._start_method().get_start_method() == "spawn"
+        spawned = loader.load_store(root, workers=2)
+    finally:
+        release.set()
+        other.join()
+    assert spawned.state == forked.state
+    assert_same_index(spawned.index, forked.index)
 
 
 def test_broken_files_are_named_whichever_process_read_them(tmp_path: Path) -> None:
