@@ -165,8 +165,16 @@ def _count(
     doc: np.ndarray, tid: np.ndarray, w: np.ndarray | None, n_docs: int, n_terms: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(distinct terms per doc, their ids, their summed weights) of (doc, term, weight)
-    entries (weight 1 when `w` is None), doc by doc."""
+    entries (weight 1 when `w` is None; weights are positive), doc by doc."""
     key = doc.astype(np.int64) * max(n_terms, 1) + tid
+    cells = n_docs * max(n_terms, 1)
+    if cells <= 8 * len(key):  # few docs (a chunk's clusters): count in a dense table
+        sums = np.bincount(key, weights=w, minlength=cells)
+        uk = np.flatnonzero(sums)
+        d = uk // max(n_terms, 1)
+        cnt = np.bincount(d, minlength=n_docs)[:n_docs]
+        tf = sums[uk].astype(np.float64)
+        return cnt.astype(np.int64), (uk - d * max(n_terms, 1)).astype(np.int32), tf
     order = np.argsort(key)
     ks = key[order]
     if not len(ks):

@@ -38,6 +38,7 @@ QUERIES = [
 
 def _text(rng: random.Random) -> str:
     ws = [rng.choice(WORDS) for _ in range(rng.randint(1, 30))]
+    ws += [f"w{rng.randrange(3000)}" for _ in range(rng.randint(0, 8))]  # a large vocabulary
     if rng.random() < 0.15:
         ws.insert(rng.randrange(len(ws) + 1), rng.choice(ODD))
     if rng.random() < 0.1:
