@@ -4,9 +4,9 @@ processes when the store is large, the index is built once from all of it, and t
 checked as a whole.
 
 Parsing YAML and tokenizing text are CPU work that holds the GIL, so threads would not help.
-The files are cut into runs of about equal size (chunks); worker processes take chunks from
-the first on while this process takes them from the last on, so the two meet wherever the
-machine's load puts them and neither waits for the other for longer than a chunk. For each
+The files are cut into runs (chunks); worker processes take chunks from the first on while
+this process takes them from the last on, so they meet wherever the machine's load puts
+them, and the chunks are smallest around there, so none waits long for the others. For each
 chunk a process parses the files and prepares the index's arrays (`retrieval.bulk.prepare`:
 term ids in the chunk's own small vocabulary, counted per memory and per cluster, times,
 chains), which are cheap to send back; this process then checks the whole state and builds
