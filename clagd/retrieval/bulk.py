@@ -12,11 +12,13 @@ from the concatenated parts with a few numpy passes.
 
 The result is the snapshot `Index.build(clusters, unsorted)` gives for the parts' clusters
 and unsorted memories in the same order (tests/retrieval/test_bulk.py compares them), except
-for the ids given to terms, which nothing outside the index sees.
+for the ids given to terms and so the order of a memory's terms in its forward postings,
+which nothing outside the index sees.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -86,7 +88,7 @@ _MAX_WORDS = 500_000
 
 
 class _Words(dict[bytes, int]):
-    """A process's vocabulary, kept across the chunks it prepares (each chunk then takes
+    """A thread's vocabulary, kept across the chunks it prepares (each chunk then takes
     the part it uses, `_local`): word (bytes, from `word_stream`) -> term id in `terms`,
     `_DROP` for a word that is no term, `_SEP` for WORD_SEP; a word is learned the first
     time it is looked up, so a chunk calls into Python only for words new to the process."""
@@ -114,13 +116,16 @@ class _Words(dict[bytes, int]):
         return [self.term(t) for t in word_terms(ws, self.stem, self.stopwords) if t]
 
 
-_WORDS: dict[tuple[bool, bool], _Words] = {}
+# one vocabulary per thread (and tokenizer setting): two threads preparing at once (two
+# engines starting in one process) must not number terms in one list
+_LOCAL = threading.local()
 
 
 def _words(stem: bool, stopwords: bool) -> _Words:
-    got = _WORDS.get((stem, stopwords))
+    mine: dict[tuple[bool, bool], _Words] = _LOCAL.__dict__.setdefault("words", {})
+    got = mine.get((stem, stopwords))
     if got is None or len(got) > _MAX_WORDS:
-        got = _WORDS[(stem, stopwords)] = _Words(stem, stopwords)
+        got = mine[(stem, stopwords)] = _Words(stem, stopwords)
     return got
 
 
@@ -203,10 +208,10 @@ def prepare(
     sizes: list[int] = []
     for c in p.clusters:
         times = {id(m): _epoch(m.created_at) for m in c.memories}
-        chain = sorted(c.memories, key=lambda m: _chain_key(m, times[id(m)]))
-        p.mems += chain
-        ts += [times[id(m)] for m in chain]
-        sizes.append(len(chain))
+        ordered = sorted(c.memories, key=lambda m: _chain_key(m, times[id(m)]))
+        p.mems += ordered
+        ts += [times[id(m)] for m in ordered]
+        sizes.append(len(ordered))
     p.mems += unsorted
     ts += [_epoch(m.created_at) for m in unsorted]
     p.sizes = np.asarray(sizes, dtype=np.int64)

@@ -6,6 +6,7 @@ results, ids and scores, to the last bit."""
 from __future__ import annotations
 
 import random
+import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -149,3 +150,23 @@ def test_no_memories_at_all() -> None:
     assert got.search("anything").memories == []
     empty = bulk.build([bulk.prepare([Cluster("c-00000001", "Empty")], [], True, True)])
     assert empty.n_clusters == 1 and empty.search("empty").memories == []
+
+
+def test_threads_preparing_at_once_each_have_their_own_vocabulary() -> None:
+    """Two engines starting in one process may prepare their stores in two threads at once:
+    each numbers its terms in its own vocabulary (one shared list could give two terms one
+    id when the threads interleave), and both builds are right."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stores = [_store(seed) for seed in range(2)]
+    both = threading.Barrier(2)  # two threads, each in its own task
+
+    def prepare_in_a_thread(store: tuple[list[Cluster], list[Memory]]) -> tuple[object, Index]:
+        both.wait(timeout=10)
+        return bulk._words(True, True), bulk.build(_parts(store[0], store[1], [5, 9]))
+
+    with ThreadPoolExecutor(2) as pool:
+        vocabs, built = zip(*pool.map(prepare_in_a_thread, stores))
+    assert vocabs[0] is not vocabs[1]
+    for (clusters, unsorted), got in zip(stores, built):
+        assert_same_index(got, Index.build(clusters, unsorted))
