@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+import numpy as np
 import Stemmer
 
 _WORD_RE = re.compile(r"[^\W_]+", re.UNICODE)
@@ -62,6 +63,27 @@ def words(text: str) -> list[str]:
     return (_ASCII_WORD_RE if low.isascii() else _WORD_RE).findall(low)
 
 
+# The separator `word_stream` puts after each text's words: a byte that no ASCII text can
+# hold, so it never comes out of a text.
+WORD_SEP = b"\xff"
+# ASCII byte -> its lowercase letter or digit, or a space for anything else (0xff is kept)
+_FOLD = bytes(
+    ord(chr(c).lower()) if c < 128 and chr(c).isalnum() else (c if c == 0xFF else 0x20)
+    for c in range(256)
+)
+
+
+def word_stream(texts: list[str]) -> list[bytes]:
+    """`words(t)` of every text, as bytes, each text's words followed by WORD_SEP: for
+    tokenizing many memories at once (the start-up loader), one byte translation and one
+    split over all of them instead of a regex pass per text (~2x faster). Every text must
+    be ASCII (`str.isascii`); on ASCII text the two give the same words."""
+    if not texts:
+        return []
+    joined = " \xff ".join(texts) + " \xff"
+    return joined.encode("latin-1").translate(_FOLD).split()
+
+
 def word_terms(ws: list[str], stem: bool = True, stopwords: bool = True) -> list[str]:
     """The index term of each lowercase word, in order ("" where the word is dropped)."""
     table = _term_table(stem, stopwords)
@@ -95,3 +117,26 @@ def estimate_tokens(text: str) -> int:
         return 0
     n_words = len(text.split())
     return max(-(-n_words * 4 // 3), -(-len(text) // 4))
+
+
+# the ASCII characters `str.split()` splits on
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
+
+
+def estimate_tokens_many(texts: list[str]) -> np.ndarray:
+    """`estimate_tokens` of each text, the ASCII ones in a few numpy passes over all of
+    them together (for the start-up loader: ~3x faster than one call per text)."""
+    plain = [t if t.isascii() else "" for t in texts]
+    lens = np.fromiter(map(len, plain), dtype=np.int64, count=len(plain))
+    raw = np.frombuffer("\n".join(plain).encode("ascii"), dtype=np.uint8)
+    space = _SPACE[raw]
+    starts = np.flatnonzero(~space & np.concatenate(([True], space[:-1])))
+    begin = np.zeros(len(lens), dtype=np.int64)
+    np.cumsum(lens[:-1] + 1, out=begin[1:])
+    n_words = np.searchsorted(starts, begin + lens) - np.searchsorted(starts, begin)
+    out = np.maximum(-(-n_words * 4 // 3), -(-lens // 4))
+    for i, t in enumerate(texts):
+        if not plain[i] and t:
+            out[i] = estimate_tokens(t)
+    return out

@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from clagd.client import Client
 from clagd.config import Config, load_config
+from clagd.retrieval.index import Index, _Segment
 from clagd.serve.daemon import Daemon
 from clagd.store.files import init_store, load_state
 
@@ -171,3 +173,45 @@ class DaemonProcess:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(10)
+
+
+def _postings(ix: Index, segs: tuple[_Segment, ...]) -> tuple[dict, dict]:
+    """Inverted (term -> [(slot, tf)]) and forward (slot -> sorted [(term, tf)]) postings,
+    keyed by term text."""
+    term = {i: t for t, i in ix.vocab.items()}
+    inv: dict[str, list[tuple[int, float]]] = {}
+    fwd: dict[int, list[tuple[str, float]]] = {}
+    for seg in segs:
+        for tid in range(len(seg.indptr) - 1):
+            a, b = int(seg.indptr[tid]), int(seg.indptr[tid + 1])
+            inv.setdefault(term[tid], []).extend(zip(seg.slots[a:b].tolist(), seg.tf[a:b].tolist()))
+        for j in range(seg.stop - seg.start):
+            a, b = int(seg.fptr[j]), int(seg.fptr[j + 1])
+            terms = [term[t] for t in seg.ftid[a:b].tolist()]
+            fwd[seg.start + j] = sorted(zip(terms, seg.ftf[a:b].tolist()))
+    return {t: p for t, p in inv.items() if p}, fwd
+
+
+ARRAYS = (
+    "_len _alive _group _prev _next _ts _imp _tok _dn _c_dn _c_len _c_alive _sup_old "
+    "_sup_new _uslots _dead _c_dead _unsorted"
+).split()
+
+
+def assert_same_index(a: Index, b: Index) -> None:
+    """Two index snapshots hold the same: every array, every posting and cluster profile
+    (by term: term ids may differ), the same memories in the same slots."""
+    for name in ARRAYS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype, name
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+    for name in ("_n_alive", "_total_len", "_c_total_len", "_cslot_of"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert dict(a._slot_of.items()) == dict(b._slot_of.items())
+    assert [a._mems[i] for i in range(len(a._mems))] == [b._mems[i] for i in range(len(b._mems))]
+    assert a._clusters == b._clusters
+    assert [m.tolist() for m in a._members] == [m.tolist() for m in b._members]
+    for name in ("order", "prev", "next"):
+        assert np.array_equal(getattr(a._time, name), getattr(b._time, name)), name
+    assert _postings(a, a._segs) == _postings(b, b._segs)
+    assert _postings(a, a._csegs) == _postings(b, b._csegs)

@@ -1,14 +1,18 @@
 """Loading a whole store from its YAML files (a first start, or a start without a usable
-snapshot): the files are parsed and their memories tokenized in parallel processes when the
-store is large, indexed share by share in this process, then checked as a whole.
+snapshot): the files are parsed and their memories prepared for the index in parallel
+processes when the store is large, the index is built once from all of it, and the state is
+checked as a whole.
 
-Parsing YAML and tokenizing text are CPU work that holds the GIL, so threads would not help;
-each worker process takes a share of the files (balanced by size) and returns the parsed
-clusters plus every memory's terms as ids into its own small vocabulary, which this process
-maps onto the index's vocabulary with a single numpy lookup. This process loads and indexes
-its own share while the workers parse theirs, then adds each worker's share to the index
-(`Index.apply` with the given terms). A worker that fails (it cannot start, it dies) costs
-nothing but time: its share is loaded here instead.
+Parsing YAML and tokenizing text are CPU work that holds the GIL, so threads would not help.
+The files are cut into runs (chunks); worker processes take chunks from the first on while
+this process takes them from the last on, so they meet wherever the machine's load puts
+them, and the chunks are smallest around there, so none waits long for the others. For each
+chunk a process parses the files and prepares the index's arrays (`retrieval.bulk.prepare`:
+term ids in the chunk's own small vocabulary, counted per memory and per cluster, times,
+chains), which are cheap to send back; this process then checks the whole state and builds
+the index once from every chunk's arrays (`retrieval.bulk.build`), in the files' order. A
+worker that fails (it cannot start, it dies) costs nothing but time: its chunks are loaded
+here instead.
 """
 
 from __future__ import annotations
@@ -17,45 +21,48 @@ import gc
 import logging
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from clagd.config import Config
+from clagd.retrieval.bulk import Prepared, build, prepare
 from clagd.retrieval.index import Index
 from clagd.store.files import (
     CLUSTERS,
     UNSORTED,
     FileUpdate,
     StoreState,
-    apply_update,
     data_files,
+    files_pass_checks,
+    merge_loaded,
     parse_files,
 )
-from clagd.text import word_terms, words
 
 log = logging.getLogger(__name__)
 
 # below this many bytes of YAML a second process costs more than it saves (starting a Python
-# process and importing numpy/yaml takes ~0.3 s; parsing and tokenizing ~1 MB takes ~0.15 s)
+# process and importing numpy/yaml takes ~0.3 s; parsing and preparing ~1 MB takes ~0.1 s)
 PARALLEL_MIN_BYTES = 4 << 20
 MAX_WORKERS = 4
+# The smallest chunk of files, around where the processes are expected to meet; farther away
+# a chunk is a quarter of its distance from there. A process that finds no chunk left waits
+# for the chunk a worker is on and the one queued for it after that, so those are small,
+# while the far ones are large, which costs less to send.
+MIN_CHUNK_BYTES = 256 << 10
 
 
 @dataclass
 class Part:
-    """One share of the files: what they hold, and their indexed memories' terms."""
+    """One chunk of the files: what they hold, and their memories prepared for the index."""
 
     update: FileUpdate = field(default_factory=FileUpdate)
     errors: list[str] = field(default_factory=list)
-    vocab: list[str] = field(default_factory=list)
-    ids: list[str] = field(default_factory=list)  # memory ids, in the order of `lengths`
-    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    terms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    checked: bool = False  # its memories pass the store's checks among themselves
+    prepared: Prepared = field(default_factory=Prepared)
 
 
 @dataclass
@@ -66,37 +73,15 @@ class Loaded:
 
 
 def load_part(root: str, rel_paths: list[str], stem: bool, stopwords: bool) -> Part:
-    """Parse these files and tokenize the memories that go into the hot index (clusters and
+    """Parse these files and prepare the memories that go into the hot index (clusters and
     unsorted shards; archived clusters are indexed only when searched)."""
     with _gc_paused():
         part = Part()
         part.update = parse_files(Path(root), rel_paths, part.errors)
-        vocab: dict[str, int] = {}
-        word_id: dict[str, int] = {}  # word -> local term id, -1 when the word is dropped
-        get = word_id.get
-        ids: list[int | None] = []
-        counts: list[int] = []
-        groups = [c.memories for c in part.update.clusters.values() if c is not None]
-        groups += [ms for ms in part.update.shards.values() if ms is not None]
-        for mems in groups:
-            for m in mems:
-                ws = words(m.content)
-                got = list(map(get, ws))
-                if None in got:  # words not seen yet in this part
-                    for i, t in enumerate(word_terms(ws, stem, stopwords)):
-                        if got[i] is None:
-                            got[i] = word_id[ws[i]] = vocab.setdefault(t, len(vocab)) if t else -1
-                ids.extend(got)
-                counts.append(len(got))
-                part.ids.append(m.id)
-        raw = np.asarray(ids, dtype=np.int32)
-        keep = raw >= 0
-        kept = np.zeros(len(raw) + 1, dtype=np.int64)
-        np.cumsum(keep, out=kept[1:])
-        ends = np.cumsum(np.asarray(counts, dtype=np.int64))
-        part.lengths = np.diff(kept[ends], prepend=0)
-        part.terms = raw[keep]
-        part.vocab = list(vocab)
+        part.checked = files_pass_checks(part.update)
+        clusters = [c for c in part.update.clusters.values() if c is not None]
+        unsorted = [m for ms in part.update.shards.values() if ms is not None for m in ms]
+        part.prepared = prepare(clusters, unsorted, stem, stopwords)
         return part
 
 
@@ -113,30 +98,35 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-# the weight of the share this process loads itself, relative to a worker's: it also indexes
-# its share while the workers parse theirs, but a worker also starts Python, imports, and
-# pickles its result (which this process then unpickles); 0.9 measured best at 100k memories
-# on 2 CPUs (3.5 s; 1.25: 3.8 s, 0.75: 3.85 s, 0.6: 4.1 s)
-OWN_SHARE_WEIGHT = 0.9
-
-
-def _shares(root: Path, rels: list[str], n: int) -> list[list[str]]:
-    """`rels` in `n` shares balanced by size in bytes (largest files first, each to the
-    least loaded share); the first share, loaded by this process, weighs OWN_SHARE_WEIGHT."""
-    sizes = []
+def _sizes(root: Path, rels: list[str]) -> list[int]:
+    out = []
     for rel in rels:
         try:
-            sizes.append((os.path.getsize(root / rel), rel))
+            out.append(os.path.getsize(root / rel))
         except OSError:
-            sizes.append((0, rel))
-    shares: list[list[str]] = [[] for _ in range(n)]
-    load = [0.0] * n
-    weight = [OWN_SHARE_WEIGHT] + [1.0] * (n - 1)
-    for size, rel in sorted(sizes, reverse=True):
-        i = min(range(n), key=lambda j: (load[j] + size) / weight[j])
-        shares[i].append(rel)
-        load[i] += size
-    return shares
+            out.append(0)
+    return out
+
+
+def _chunks(rels: list[str], sizes: list[int], procs: int) -> list[list[str]]:
+    """`rels` cut into runs, in order, for `procs` processes: the workers take runs from
+    the first on, this process from the last on. It starts first and meets them a little
+    past its share: runs are smallest from a bit before that point to a bit after, and
+    grow with the distance from there."""
+    total = sum(sizes)
+    meet = total * (procs - 1) / procs
+    lo, hi = meet - 0.2 * total, meet + 0.05 * total
+    least = min(MIN_CHUNK_BYTES, total / (4 * procs))  # a small store: still 4 per process
+    chunks: list[list[str]] = [[]]
+    start = done = 0
+    for rel, size in zip(rels, sizes):
+        target = max(least, (lo - start) / 4, (start - hi) / 4)
+        if chunks[-1] and done - start >= target:
+            chunks.append([])
+            start = done
+        chunks[-1].append(rel)
+        done += size
+    return chunks
 
 
 def _cpus() -> int:
@@ -156,70 +146,60 @@ def load_store(root: Path, config: Config | None = None, workers: int = 0) -> Lo
 
 
 def _load_store(root: Path, config: Config | None, workers: int) -> Loaded:
-    index = Index.for_config(config) if config is not None else Index()
-    stem, stopwords = index.cfg.stemmer, index.cfg.stopwords
+    settings = Index.for_config(config) if config is not None else Index()
     rels = data_files(root)
+    sizes = _sizes(root, rels)
     if workers <= 0:
-        total = 0
-        for rel in rels:
-            if rel.startswith((CLUSTERS + "/", UNSORTED + "/")):
-                try:
-                    total += os.path.getsize(root / rel)
-                except OSError:
-                    pass
-        workers = min(_cpus(), MAX_WORKERS) if total >= PARALLEL_MIN_BYTES else 1
-    shares = _shares(root, rels, workers) if workers > 1 else [rels]
-    futures: list[Future[Part] | None] = [None] * (len(shares) - 1)
+        hot = sum(s for r, s in zip(rels, sizes) if r.startswith((CLUSTERS + "/", UNSORTED + "/")))
+        workers = min(_cpus(), MAX_WORKERS) if hot >= PARALLEL_MIN_BYTES else 1
+    chunks = _chunks(rels, sizes, workers) if workers > 1 else [rels]
+    parts = _load_parts(root, chunks, workers - 1, settings.cfg.stemmer, settings.cfg.stopwords)
+    errors = [e for p in parts for e in p.errors]
+    checked = all(p.checked for p in parts)
+    state = merge_loaded([p.update for p in parts], errors, checked)
+    index = build([p.prepared for p in parts], settings.cfg, settings.ingest)
+    return Loaded(state, index, workers=workers)
+
+
+def _start_method() -> multiprocessing.context.BaseContext:
+    """fork while this process runs no other thread: a forked worker starts at once (a
+    spawned one starts Python and imports numpy and clagd first, 0.3-0.5 s, while this
+    process loads alone). With other threads, spawn: a forked child could inherit a lock
+    some other thread held."""
+    alone = threading.active_count() == 1
+    return multiprocessing.get_context("fork" if alone and os.name == "posix" else "spawn")
+
+
+def _load_parts(
+    root: Path, chunks: list[list[str]], procs: int, stem: bool, stopwords: bool
+) -> list[Part]:
+    """Every chunk loaded, by `procs` worker processes from the first chunk on and by this
+    one from the last chunk on; a chunk whose worker failed is loaded here."""
+    futures: list[Future[Part] | None] = [None] * len(chunks)
     pool: ProcessPoolExecutor | None = None
-    if len(shares) > 1:
-        # spawn, not fork: the daemon may already run threads (a forked child could inherit
-        # a lock some other thread held)
+    if procs > 0 and len(chunks) > 1:
         try:
-            pool = ProcessPoolExecutor(
-                max_workers=len(shares) - 1, mp_context=multiprocessing.get_context("spawn")
-            )
-            for i, share in enumerate(shares[1:]):
-                futures[i] = pool.submit(load_part, str(root), share, stem, stopwords)
+            pool = ProcessPoolExecutor(max_workers=procs, mp_context=_start_method())
+            futures = [pool.submit(load_part, str(root), c, stem, stopwords) for c in chunks]
         except (OSError, RuntimeError) as exc:
             log.warning("start-up: no loader processes (%s); loading in this one", exc)
-    parts = [load_part(str(root), shares[0], stem, stopwords)]
-    index = _add(index, parts[0])
-    for share, fut in zip(shares[1:], futures):
-        part = None
-        if fut is not None:
+    parts: list[Part | None] = [None] * len(chunks)
+    for i in reversed(range(len(chunks))):
+        fut = futures[i]
+        if fut is not None and not fut.cancel():
+            break  # a worker has it (or had it): from here on, the workers' chunks
+        parts[i] = load_part(str(root), chunks[i], stem, stopwords)
+    failed = False
+    for i, fut in enumerate(futures):
+        if parts[i] is None and fut is not None:
             try:
-                part = fut.result()
-            except Exception as exc:  # noqa: BLE001 - a broken worker: do its share here
-                log.warning("start-up: a loader process failed (%s); loading its share here", exc)
-        if part is None:
-            part = load_part(str(root), share, stem, stopwords)
-        parts.append(part)
-        index = _add(index, part)
+                parts[i] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - a broken worker: do its chunk here
+                if not failed:
+                    log.warning("start-up: a loader process failed (%s); loading here", exc)
+                failed = True
+        if parts[i] is None:
+            parts[i] = load_part(str(root), chunks[i], stem, stopwords)
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
-
-    merged = FileUpdate()
-    errors: list[str] = []
-    for p in parts:
-        merged.clusters.update(p.update.clusters)
-        merged.archive.update(p.update.archive)
-        merged.shards.update(p.update.shards)
-        errors.extend(p.errors)
-    return Loaded(apply_update(StoreState(), merged, errors), index, workers=len(shares))
-
-
-def _add(index: Index, part: Part) -> Index:
-    """`index` with the hot clusters and unsorted memories of this part, from its terms."""
-    vocab = index.vocab
-    gmap = np.fromiter(
-        (vocab.setdefault(t, len(vocab)) for t in part.vocab), dtype=np.int32, count=len(part.vocab)
-    )
-    gids = gmap[part.terms] if len(part.terms) else part.terms
-    bounds = np.zeros(len(part.lengths) + 1, dtype=np.int64)
-    np.cumsum(part.lengths, out=bounds[1:])
-    terms = {mid: gids[bounds[i] : bounds[i + 1]] for i, mid in enumerate(part.ids)}
-    return index.apply(
-        upsert_clusters=[c for c in part.update.clusters.values() if c is not None],
-        add_unsorted=[m for ms in part.update.shards.values() if ms is not None for m in ms],
-        terms=terms,
-    )
+    return [p for p in parts if p is not None]

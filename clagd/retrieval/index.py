@@ -712,28 +712,10 @@ class Index:
         remove_clusters: Iterable[str] = (),
         add_unsorted: Iterable[Memory] = (),
         remove_unsorted: Iterable[str] = (),
-        terms: Mapping[str, np.ndarray] | None = None,
     ) -> Index:
         """A new snapshot with these changes; the work is proportional to what changed.
-
-        `terms` (memory id -> term ids in `self.vocab`, in text order) are memories already
-        tokenized with this index's settings (the start-up loader does that in parallel
-        processes); a memory not in it is tokenized here."""
-        if terms is None:
-            return self._apply(upsert_clusters, remove_clusters, add_unsorted, remove_unsorted)
-        vocab, tokens = self._vocab, self._tokens
-
-        def terms_of(m: Memory) -> tuple[np.ndarray, np.ndarray | None]:
-            got = terms.get(m.id)
-            if got is None:
-                got = np.asarray(
-                    [vocab.setdefault(t, len(vocab)) for t in tokens(m.content)], dtype=np.int32
-                )
-            return got, None
-
-        return self._apply(
-            upsert_clusters, remove_clusters, add_unsorted, remove_unsorted, terms_of
-        )
+        (A whole store loaded at start-up is built at once instead: `retrieval.bulk`.)"""
+        return self._apply(upsert_clusters, remove_clusters, add_unsorted, remove_unsorted)
 
     @property
     def vocab(self) -> dict[str, int]:

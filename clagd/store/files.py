@@ -166,7 +166,14 @@ class StoreState:
         return out
 
     def memory_ids(self) -> set[str]:
-        return {m.id for m, _a, _k in self.all_memories()}
+        ids = {
+            m.id
+            for area in (self.clusters, self.archived)
+            for c in area.values()
+            for m in c.memories
+        }
+        ids.update(m.id for mems in self.unsorted.values() for m in mems)
+        return ids
 
     def content_keys(self) -> set[str]:
         """Ids and content hashes of every memory: what makes a new memory a duplicate."""
@@ -328,6 +335,45 @@ def apply_update(base: StoreState, upd: FileUpdate, errors: list[str]) -> StoreS
     if errors:
         raise StoreError("invalid store: " + "; ".join(errors[:20]))
     return state
+
+
+def files_pass_checks(upd: FileUpdate) -> bool:
+    """Whether the memories of these files pass `apply_update`'s checks among themselves
+    (valid ids, content, no id twice). A store loaded in parts checks each part where it
+    was parsed; `merge_loaded` then checks only what lies across the parts."""
+    seen: dict[str, str] = {}
+    errors: list[str] = []
+    state = StoreState(
+        {k: v for k, v in upd.clusters.items() if v is not None},
+        {k: v for k, v in upd.archive.items() if v is not None},
+        {k: v for k, v in upd.shards.items() if v is not None},
+    )
+    for m, area_name, key in state.all_memories():
+        _check_memory(m, f"{area_name}/{key}", seen, errors)
+    return not errors
+
+
+def merge_loaded(updates: Iterable[FileUpdate], errors: list[str], checked: bool) -> StoreState:
+    """The state of a store read from nothing but these parts' files, checked as a whole
+    like `apply_update` (raises StoreError naming every problem). `checked`: every part
+    passed `files_pass_checks` and `errors` is empty; then only the ids across the parts
+    and the clusters both hot and archived are checked here, and when anything is wrong
+    `apply_update` runs to name it."""
+    merged = FileUpdate()
+    for u in updates:
+        merged.clusters.update(u.clusters)
+        merged.archive.update(u.archive)
+        merged.shards.update(u.shards)
+    if checked and not errors:
+        state = StoreState(
+            {k: v for k, v in merged.clusters.items() if v is not None},
+            {k: v for k, v in merged.archive.items() if v is not None},
+            {k: v for k, v in merged.shards.items() if v is not None},
+        )
+        ids = [m.id for m, _a, _k in state.all_memories()]
+        if len(set(ids)) == len(ids) and not state.clusters.keys() & state.archived.keys():
+            return state
+    return apply_update(StoreState(), merged, errors)
 
 
 def memories_in(state: StoreState, rel_paths: Iterable[str]) -> Iterator[Memory]:

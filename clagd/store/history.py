@@ -72,14 +72,16 @@ def removed_between(root: Path, old: str, new: str | None) -> set[str] | None:
         files = _ls(root, old)
         return ids_at(root, old, files)
     diff = subprocess.run(
-        ["git", "diff", "--name-only", "--no-renames", old, new, "--", *DATA_DIRS],
+        ["git", "diff", "--name-status", "--no-renames", old, new, "--", *DATA_DIRS],
         cwd=root,
         capture_output=True,
         text=True,
         check=False,
     ).stdout.split("\n")
-    files = [p for p in diff if p.endswith(".yaml")]
-    before = ids_at(root, old, files)
+    changed = [line.split("\t", 1) for line in diff if line.endswith(".yaml") and "\t" in line]
+    files = [p for _status, p in changed]
+    # a file the move added held nothing before it (a bulk import adds thousands)
+    before = ids_at(root, old, [p for status, p in changed if status != "A"])
     if not before:  # nothing to lose (e.g. a bulk import committed onto a new store): the
         return before  # new side, possibly the whole store, need not be parsed at all
     return before - ids_at(root, new, files)

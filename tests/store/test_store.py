@@ -302,3 +302,26 @@ def test_yaml_nested_deeper_than_the_stack_is_a_yaml_error() -> None:
     for _ in range(49):
         (nested,) = nested
     assert nested == []
+
+
+def test_removed_between_commits_counts_moves_into_added_files(tmp_path: Path) -> None:
+    """The memories a move of the branch took out of the store: a memory moved into a file
+    the move added is not removed; a file the move added held nothing before."""
+    from clagd.store.history import removed_between
+
+    root, _ = init_store(tmp_path / "s")
+    paths = Paths(root)
+    empty = git(root, "rev-parse", "HEAD").strip()
+    a, b, c = (Memory.new(t, "2024-01-01T00:00:00Z") for t in ("apple", "banana", "cherry"))
+    write_cluster(paths, Cluster("c-00000001", "Fruit", memories=[a, b]))
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "two")
+    two = git(root, "rev-parse", "HEAD").strip()
+    assert removed_between(root, empty, two) == set()  # only files added: nothing to lose
+    (root / "clusters" / "c-00000001.yaml").unlink()
+    write_cluster(paths, Cluster("c-00000002", "Moved", memories=[a, c]))  # an added file
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "moved")
+    moved = git(root, "rev-parse", "HEAD").strip()
+    assert removed_between(root, two, moved) == {b.id}
+    assert removed_between(root, moved, two) == {c.id}
