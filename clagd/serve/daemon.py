@@ -387,8 +387,9 @@ class Daemon:
     @staticmethod
     def _settle_heap() -> None:
         # The loaded store is a large, long-lived heap: keep the cyclic GC from rescanning it
-        # (a full collection over 100k memories is a query-latency spike).
-        gc.collect()
+        # (a full collection over 100k memories is a query-latency spike). No collection
+        # first: loading leaves no cyclic garbage (0 objects from the YAML files, 23 from
+        # the warm start at 100k), and one costs 0.1 s before the first answer.
         gc.freeze()
         release_free_memory()
 

@@ -21,6 +21,7 @@ it ends (PR_SET_PDEATHSIG), and it exits when the control channel closes.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -177,10 +178,8 @@ def serve(
     # several processes accept on this socket: one woken for a connection another took must
     # not block in accept() (it could not stop); the socketserver loop takes EAGAIN in stride
     listener.setblocking(False)
-    # the index came over the channel: settle its heap so the cyclic GC leaves it alone
-    import gc
-
-    gc.collect()
+    # the index came over the channel: keep the cyclic GC from rescanning it (unpickling
+    # leaves no cyclic garbage to collect first)
     gc.freeze()
     sys.setswitchinterval(0.0005)  # the control thread's applies yield to queries sooner
     threading.Thread(target=take_connections, args=(handoff, server), daemon=True).start()
