@@ -42,7 +42,7 @@ from clagd.protocol import QueryParams, error_reply
 from clagd.retrieval.index import Index
 from clagd.serve.logs import setup_logging
 from clagd.serve.queryproc import COUNTED_KEY
-from clagd.serve.server import Dispatcher, SocketServer
+from clagd.serve.server import Dispatcher, SocketServer, encode_reply
 
 log = logging.getLogger("clagd.query")
 
@@ -100,11 +100,24 @@ class ForwardingDispatcher(Dispatcher):
         self.replica = replica
         self.daemon_address = daemon_address
         self.op("query", replica.query)
+        # one query at a time, from its parameters to its encoded reply: connection threads
+        # searching at once hold the GIL by turns (their numpy calls release it) and the
+        # hand-overs cost more than the searches (16 concurrent clients: 3.2 ms of CPU per
+        # query instead of 0.7). Requests for the daemon wait on it outside this lock.
+        self._compute = threading.Lock()
+
+    def reply(self, req: Any) -> dict[str, Any] | bytes:
+        if self._local(req):
+            with self._compute:
+                return encode_reply(super().handle(req))
+        return self.forward(req)
 
     def handle(self, req: Any) -> dict[str, Any]:
-        if isinstance(req, dict) and req.get("op") == "query" and not req.get("include_archive"):
-            return super().handle(req)
-        return self.forward(req)
+        return super().handle(req) if self._local(req) else self.forward(req)
+
+    @staticmethod
+    def _local(req: Any) -> bool:
+        return isinstance(req, dict) and req.get("op") == "query" and not req.get("include_archive")
 
     def forward(self, req: Any) -> dict[str, Any]:
         """The daemon's reply to `req`, on a connection of its own (a request can take long:

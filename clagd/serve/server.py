@@ -40,6 +40,10 @@ class Dispatcher:
     def op(self, name: str, fn: Handler) -> None:
         self.ops[name] = fn
 
+    def reply(self, req: Any) -> dict[str, Any] | bytes:
+        """The reply to send: `handle`'s, or one already encoded (`encode_reply`)."""
+        return self.handle(req)
+
     def handle(self, req: Any) -> dict[str, Any]:
         rid = req.get("id") if isinstance(req, dict) else None
         try:
@@ -66,6 +70,15 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection thread
             log.exception("op %r failed", req.get("op"))
             return error_reply(rid, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def encode_reply(obj: dict[str, Any]) -> bytes:
+    """One reply line: strict JSON (NaN and infinities as null), UTF-8, newline."""
+    try:
+        text = json.dumps(obj, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_strict(obj), ensure_ascii=False, default=str)
+    return text.encode(errors="replace") + b"\n"
 
 
 def _first_line(text: object) -> str:
@@ -147,13 +160,10 @@ class _ConnHandler(socketserver.StreamRequestHandler):
         self.request.settimeout(self.server.read_timeout)
         self._reader = _LineReader(self.request, self.server.prefixes.pop(self.request, b""))
 
-    def _send(self, obj: dict[str, Any]) -> bool:
+    def _send(self, obj: dict[str, Any] | bytes) -> bool:
+        data = obj if isinstance(obj, bytes) else encode_reply(obj)
         try:
-            text = json.dumps(obj, ensure_ascii=False, default=str, allow_nan=False)
-        except ValueError:
-            text = json.dumps(_strict(obj), ensure_ascii=False, default=str)
-        try:
-            self.wfile.write(text.encode(errors="replace") + b"\n")
+            self.wfile.write(data)
             self.wfile.flush()
             return True
         except OSError:
@@ -227,7 +237,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
                 if not self._send(error_reply(None, "bad_json", f"not JSON: {exc}")):
                     return
                 continue
-            if not self._send(self.server.dispatcher.handle(req)):
+            if not self._send(self.server.dispatcher.reply(req)):
                 return
 
 
