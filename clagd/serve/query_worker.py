@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -92,6 +93,35 @@ class Replica:
         return out
 
 
+class FairLock:
+    """A lock taken in the order it was asked for: the next waiter is handed ownership on
+    release, so no connection thread can lose the race for it again and again (a plain
+    lock's waiters are woken in no order, and a thread that just arrived can take it
+    first: the 16-client tail)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._busy = False
+        self._waiters: deque[threading.Lock] = deque()
+
+    def __enter__(self) -> None:
+        with self._mutex:
+            if not self._busy:
+                self._busy = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        turn.acquire()  # released by the holder before us: the lock is ours
+
+    def __exit__(self, *_exc: object) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()  # still busy: handed over
+            else:
+                self._busy = False
+
+
 class ForwardingDispatcher(Dispatcher):
     """Answers `query` from the replica; hands everything else to the daemon."""
 
@@ -104,7 +134,7 @@ class ForwardingDispatcher(Dispatcher):
         # searching at once hold the GIL by turns (their numpy calls release it) and the
         # hand-overs cost more than the searches (16 concurrent clients: 3.2 ms of CPU per
         # query instead of 0.7). Requests for the daemon wait on it outside this lock.
-        self._compute = threading.Lock()
+        self._compute = FairLock()
 
     def reply(self, req: Any) -> dict[str, Any] | bytes:
         if self._local(req):

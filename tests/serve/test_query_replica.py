@@ -81,3 +81,34 @@ def test_the_copy_answers_as_the_engine_after_every_change(tmp_path: Path) -> No
         assert len(changes) >= 10
     finally:
         eng.close()
+
+
+def test_the_compute_lock_of_a_query_process_is_taken_in_the_order_asked() -> None:
+    """Connection threads of a query process take turns in arrival order: one that arrives
+    while others wait cannot overtake them (the 16-client tail)."""
+    import threading
+
+    from helpers import wait_for
+
+    from clagd.serve.query_worker import FairLock
+
+    lock = FairLock()
+    order: list[int] = []
+    threads = []
+    lock.__enter__()
+    for i in range(8):
+
+        def take(i: int = i) -> None:
+            with lock:
+                order.append(i)
+
+        t = threading.Thread(target=take)
+        t.start()
+        threads.append(t)
+        wait_for(lambda i=i: len(lock._waiters) == i + 1, 10, f"thread {i} to queue")
+    lock.__exit__(None, None, None)
+    for t in threads:
+        t.join(10)
+    assert order == list(range(8))
+    with lock:  # free again, and taken at once
+        pass
