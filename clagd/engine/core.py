@@ -195,30 +195,22 @@ class Engine:
         if changes.full or changes.reloaded:
             # taken in from outside: memories may have left, and must not stay "known"
             self.known = state.memory_ids()
+        change = None
         if changes.full:
-            unsorted = state.unsorted_memories()
-            self.index = Index.build(
-                state.clusters, unsorted, self.config.retrieval, self.config.ingest
-            )
-            self._index_changed(
-                IndexChange(True, tuple(state.clusters.values()), (), tuple(unsorted))
-            )
+            clusters, unsorted = tuple(state.clusters.values()), state.unsorted_memories()
+            change = IndexChange(True, clusters, (), tuple(unsorted))
         elif structural or changes.add_unsorted or changes.remove_unsorted:
-            self.index = self.index.apply(
-                upsert_clusters=changes.upsert_clusters,
-                remove_clusters=changes.remove_clusters,
-                add_unsorted=changes.add_unsorted,
-                remove_unsorted=changes.remove_unsorted,
+            change = IndexChange(
+                False,
+                tuple(changes.upsert_clusters),
+                tuple(changes.remove_clusters),
+                tuple(changes.add_unsorted),
+                tuple(changes.remove_unsorted),
             )
-            self._index_changed(
-                IndexChange(
-                    False,
-                    tuple(changes.upsert_clusters),
-                    tuple(changes.remove_clusters),
-                    tuple(changes.add_unsorted),
-                    tuple(changes.remove_unsorted),
-                )
-            )
+        if change is not None:
+            self.index = change.applied_to(self.index)
+            if self.hooks.on_index is not None:
+                self.hooks.on_index(change)
         if changes.full or changes.archive_changed:
             self._archived = dict(state.archived)
             self._archive_index = None
@@ -228,10 +220,6 @@ class Engine:
             self.head = changes.commit
             if self.hooks.on_commit is not None:
                 self.hooks.on_commit(changes.commit)
-
-    def _index_changed(self, change: IndexChange) -> None:
-        if self.hooks.on_index is not None:
-            self.hooks.on_index(change)
 
     def archive_index(self) -> Index:
         idx = self._archive_index

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clagd.model import Cluster, Memory
+from clagd.retrieval.index import Index
 
 if TYPE_CHECKING:
     from clagd.engine.core import Engine
@@ -35,6 +36,18 @@ class IndexChange:
     remove_clusters: tuple[str, ...] = ()
     add_unsorted: tuple[Memory, ...] = ()
     remove_unsorted: tuple[str, ...] = ()
+
+    def applied_to(self, index: Index) -> Index:
+        """The snapshot this change makes of `index`: what the engine serves after it, and
+        what a query process's copy becomes."""
+        if self.build:
+            return Index.build(self.upsert_clusters, self.add_unsorted, index.cfg, index.ingest)
+        return index.apply(
+            upsert_clusters=self.upsert_clusters,
+            remove_clusters=self.remove_clusters,
+            add_unsorted=self.add_unsorted,
+            remove_unsorted=self.remove_unsorted,
+        )
 
 
 @dataclass

@@ -57,7 +57,6 @@ class Replica:
         self.conn = conn
         self.index = index
         self.version = version
-        self.queries = 0
         self.reported = 0  # `queried` messages sent
         self._send_lock = threading.Lock()
 
@@ -69,18 +68,7 @@ class Replica:
                 self.reported += 1
 
     def apply(self, version: int, change: IndexChange) -> None:
-        idx = self.index
-        if change.build:
-            self.index = Index.build(
-                change.upsert_clusters, change.add_unsorted, idx.cfg, idx.ingest
-            )
-        else:
-            self.index = idx.apply(
-                upsert_clusters=change.upsert_clusters,
-                remove_clusters=change.remove_clusters,
-                add_unsorted=change.add_unsorted,
-                remove_unsorted=change.remove_unsorted,
-            )
+        self.index = change.applied_to(self.index)
         self.version = version
         self.send(("applied", version))
 
@@ -88,7 +76,6 @@ class Replica:
         t0 = time.perf_counter()
         out, memory_ids, cluster_ids = answer(self.index, QueryParams.from_request(params))
         out["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-        self.queries += 1
         self.send(("queried", memory_ids, cluster_ids))
         return out
 

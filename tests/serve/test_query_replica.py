@@ -10,23 +10,11 @@ from pathlib import Path
 from helpers import git, make_store
 
 from clagd.engine.core import Engine, answer
-from clagd.engine.hooks import EngineHooks, IndexChange
+from clagd.engine.hooks import EngineHooks
 from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
 
 QUERIES = ["tea", "garden tomatoes", "meeting monday", "dog walk park", "bike repair", "x"]
-
-
-def replay(index: Index, change: IndexChange) -> Index:
-    """What `serve/query_worker.Replica.apply` does with a change."""
-    if change.build:
-        return Index.build(change.upsert_clusters, change.add_unsorted, index.cfg, index.ingest)
-    return index.apply(
-        upsert_clusters=change.upsert_clusters,
-        remove_clusters=change.remove_clusters,
-        add_unsorted=change.add_unsorted,
-        remove_unsorted=change.remove_unsorted,
-    )
 
 
 def test_the_copy_answers_as_the_engine_after_every_change(tmp_path: Path) -> None:
@@ -45,7 +33,7 @@ def test_the_copy_answers_as_the_engine_after_every_change(tmp_path: Path) -> No
     def check(step: str) -> None:
         nonlocal copy, seen
         for data in changes[seen:]:
-            copy = replay(copy, pickle.loads(data))
+            copy = pickle.loads(data).applied_to(copy)
         seen = len(changes)
         assert len(copy) == len(eng.index), step
         for q in QUERIES:
