@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,45 @@ def list_items(items: list[Any]) -> list[str] | None:
         starts.append(pos + 1)
         pos = find("\n- ", pos + 1)
     if len(starts) != len(items):
+        return None
+    starts.append(len(text))
+    return [text[a:b] for a, b in zip(starts, starts[1:])]
+
+
+# a line inside a top-level block list written by `dumps`: an item's first line ("- ") or a
+# line of it ("  "); anything else (a comment or a key at the left margin, a blank line,
+# the end of the list) follows the match
+_NOT_ITEM_LINE = re.compile(r"\n(?!- |  |\Z)")
+
+
+def block_list_texts(text: str, key: str, count: int) -> list[str] | None:
+    """The text of each item of the block list under the top-level `key` of this document,
+    as `list_items` gives it, read off the document's own text: for a list of `count`
+    items that runs to the end of the document, every line of it an item's first line
+    ("- ") or indented ("  "), as `dumps` writes it. None for any other layout (a flow
+    list, an indented list, comments or blank lines at the margin, CR line ends, another
+    key after the list), or when the split does not give `count` parts. Each part parses,
+    as an item of any top-level block list, to the same value as here, so a writer may put
+    it back unchanged instead of dumping the value again."""
+    head = key + ":\n"
+    if text.startswith(head):
+        start = len(head)
+    else:
+        pos = text.find("\n" + head)
+        if pos < 0:
+            return None
+        start = pos + 1 + len(head)
+    if count <= 0 or not text.startswith("- ", start) or not text.endswith("\n"):
+        return None
+    if "\r" in text or _NOT_ITEM_LINE.search(text, start - 1 if start else 0) is not None:
+        return None
+    starts = [start]
+    find = text.find
+    pos = find("\n- ", start)
+    while pos >= 0:
+        starts.append(pos + 1)
+        pos = find("\n- ", pos + 1)
+    if len(starts) != count:
         return None
     starts.append(len(text))
     return [text[a:b] for a, b in zip(starts, starts[1:])]

@@ -40,6 +40,7 @@ from clagd.store.files import (
     files_pass_checks,
     merge_loaded,
     parse_files,
+    remember_fragments,
 )
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def load_part(root: str, rel_paths: list[str], stem: bool, stopwords: bool) -> P
     unsorted shards; archived clusters are indexed only when searched)."""
     with _gc_paused():
         part = Part()
-        part.update = parse_files(Path(root), rel_paths, part.errors)
+        part.update = parse_files(Path(root), rel_paths, part.errors, fragments=True)
         part.checked = files_pass_checks(part.update)
         clusters = [c for c in part.update.clusters.values() if c is not None]
         unsorted = [m for ms in part.update.shards.values() if ms is not None for m in ms]
@@ -157,6 +158,9 @@ def _load_store(root: Path, config: Config | None, workers: int) -> Loaded:
     errors = [e for p in parts for e in p.errors]
     checked = all(p.checked for p in parts)
     state = merge_loaded([p.update for p in parts], errors, checked)
+    for p in parts:
+        remember_fragments(p.update.fragments)
+        p.update.fragments = {}
     index = build([p.prepared for p in parts], settings.cfg, settings.ingest)
     return Loaded(state, index, workers=workers)
 

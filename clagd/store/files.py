@@ -17,7 +17,7 @@ from pathlib import Path
 from clagd.errors import StoreError
 from clagd.model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id, new_id
 from clagd.store.durable import atomic_write_text
-from clagd.yamlio import YamlError, dumps, list_items, load_yaml_file, loads
+from clagd.yamlio import YamlError, block_list_texts, dumps, list_items, load_yaml_file, loads
 
 CLUSTERS = "clusters"
 ARCHIVE = "archive"
@@ -227,6 +227,11 @@ def _load_shard(path: Path, errors: list[str], text: str | None = None) -> list[
         return None
 
 
+# a memory's YAML text as a list item, and what it was made from: (content, created_at,
+# metadata as `_meta_key` gives it, text)
+Fragment = tuple[str, str, str, str]
+
+
 @dataclass
 class FileUpdate:
     """What re-reading some store files found: per file, the new content or None (gone)."""
@@ -234,6 +239,9 @@ class FileUpdate:
     clusters: dict[str, Cluster | None] = field(default_factory=dict)
     archive: dict[str, Cluster | None] = field(default_factory=dict)
     shards: dict[str, list[Memory] | None] = field(default_factory=dict)
+    # with `parse_files(..., fragments=True)`: each memory's list item as its file holds
+    # it, for the writer's fragment cache (`remember_fragments`)
+    fragments: dict[str, Fragment] = field(default_factory=dict)
 
 
 def is_data_path(rel: str) -> bool:
@@ -288,12 +296,17 @@ def read_files(
 
 
 def parse_files(
-    root: Path, rel_paths: list[str], errors: list[str], texts: dict[str, str] | None = None
+    root: Path,
+    rel_paths: list[str],
+    errors: list[str],
+    texts: dict[str, str] | None = None,
+    fragments: bool = False,
 ) -> FileUpdate:
     """Parse each given store file on its own (no check across files); problems are added
     to `errors`. Paths that are not store data files are skipped. `texts`: the files'
     contents as a commit holds them (a path not in it is absent), instead of the working
-    tree, which a person's git command may be rewriting."""
+    tree, which a person's git command may be rewriting. `fragments`: also keep each hot
+    memory's list item as its file's text holds it (`FileUpdate.fragments`)."""
     paths = Paths(Path(root))
     upd = FileUpdate()
     for rel in rel_paths:
@@ -303,12 +316,31 @@ def parse_files(
         full = paths.root / p
         text = texts.get(rel) if texts is not None else None
         there = rel in texts if texts is not None else full.exists()
+        if there and fragments and text is None and p.parts[0] != ARCHIVE:
+            try:
+                text = full.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                text = None  # read again below, which says what is wrong
         if p.parts[0] == UNSORTED:
-            upd.shards[p.stem] = _load_shard(full, errors, text) if there else None
+            shard = _load_shard(full, errors, text) if there else None
+            upd.shards[p.stem] = shard
+            mems = shard
         else:
             target = upd.clusters if p.parts[0] == CLUSTERS else upd.archive
-            target[p.stem] = _load_cluster(full, errors, text) if there else None
+            cluster = _load_cluster(full, errors, text) if there else None
+            target[p.stem] = cluster
+            mems = cluster.memories if cluster is not None else None
+        if fragments and mems and text is not None and p.parts[0] != ARCHIVE:
+            _file_fragments(text, mems, upd.fragments)
     return upd
+
+
+def _file_fragments(text: str, mems: list[Memory], out: dict[str, Fragment]) -> None:
+    items = block_list_texts(text, "memories", len(mems))
+    if items is None:
+        return  # not laid out as clagd writes a file: dumped again when it is rewritten
+    for m, item in zip(mems, items):
+        out[m.id] = (m.content, m.created_at, _meta_key(m), item)
 
 
 def apply_update(base: StoreState, upd: FileUpdate, errors: list[str]) -> StoreState:
@@ -399,8 +431,25 @@ def load_state(root: Path) -> StoreState:
 # YAML text of each memory as a list item, reused while the memory is unchanged: a cluster
 # file is rewritten whole when one memory joins it, and dumping every member again dominated
 # the cost of ingest. The output is byte-identical to dumping the whole file.
-_FRAGMENTS: dict[str, tuple[str, str, str, str]] = {}
+_FRAGMENTS: dict[str, Fragment] = {}
 _MAX_FRAGMENTS = 400_000
+
+
+def _meta_key(m: Memory) -> str:
+    return json.dumps(m.metadata, sort_keys=True, default=str) if m.metadata else ""
+
+
+def remember_fragments(fragments: dict[str, Fragment]) -> None:
+    """Take the list items that store files hold as they are (`parse_files(...,
+    fragments=True)`) into the cache: after a start from the files, a cluster file that
+    one routed memory joins is then rewritten from its own text, not dumped again whole.
+    The file's text of a memory is what dumping it gave when clagd wrote it; for a file a
+    person wrote another way, text that parses to the same memory."""
+    if len(_FRAGMENTS) + len(fragments) > _MAX_FRAGMENTS:
+        _FRAGMENTS.clear()
+        if len(fragments) > _MAX_FRAGMENTS:
+            return
+    _FRAGMENTS.update(fragments)
 
 
 def _cached(m: Memory, meta: str) -> str | None:
@@ -413,9 +462,7 @@ def _cached(m: Memory, meta: str) -> str | None:
 def _fragments(mems: list[Memory]) -> list[str]:
     """Each memory's list item, from the cache or dumped; the misses (all of a cluster's
     memories after a start from the YAML files) in one dump (`yamlio.list_items`)."""
-    metas = [
-        json.dumps(m.metadata, sort_keys=True, default=str) if m.metadata else "" for m in mems
-    ]
+    metas = [_meta_key(m) for m in mems]
     out = [_cached(m, meta) for m, meta in zip(mems, metas)]
     miss = [i for i, text in enumerate(out) if text is None]
     if not miss:

@@ -325,3 +325,69 @@ def test_removed_between_commits_counts_moves_into_added_files(tmp_path: Path) -
     moved = git(root, "rev-parse", "HEAD").strip()
     assert removed_between(root, two, moved) == {b.id}
     assert removed_between(root, moved, two) == {c.id}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_load_keeps_each_memory_s_file_text_for_the_next_rewrite(
+    tmp_path: Path, workers: int
+) -> None:
+    """After a start from the files, the fragment cache holds each hot memory's text as its
+    file has it (from the loader's own processes too), so a cluster that one routed memory
+    joins is rewritten without dumping its other memories again; the file's bytes are the
+    same as a full dump. A file laid out another way gives nothing; one in clagd's layout
+    with its own quoting gives its own text, which parses to the same memory."""
+    from clagd.engine.loader import load_store
+    from clagd.store import files
+
+    root, _ = init_store(tmp_path / "m")
+    mems = [
+        Memory.new(f"memory {i}: '#' - x", "2026-01-01T00:00:00Z", {"k": [i]} if i % 2 else {})
+        for i in range(30)
+    ]
+    for j in range(4):
+        write_cluster(Paths(root), Cluster(f"c-0000000{j}", f"Cluster {j}", memories=mems[j::4]))
+    hand = Memory.new("written by hand", "2026-01-01T00:00:00Z")
+    (root / "clusters" / "c-000000a1.yaml").write_text(
+        f"id: c-000000a1\nname: Hand made\nmemories:\n  # mine\n  - id: {hand.id}\n"
+        f"    content: {hand.content}\n    created_at: '2026-01-01T00:00:00Z'\n"
+    )
+    quoted = Memory.new("double quoted", "2026-01-01T00:00:00Z")
+    own = f'- id: {quoted.id}\n  content: "double quoted"  # a comment\n  created_at: "2026-01-01T00:00:00Z"\n'
+    (root / "clusters" / "c-000000a2.yaml").write_text(
+        f"id: c-000000a2\nname: Quoted\nmemories:\n{own}"
+    )
+    files._FRAGMENTS.clear()
+    state = load_store(root, workers=workers).state
+    for m in mems:
+        assert files._FRAGMENTS[m.id][3] == dumps([m.to_dict()])
+    assert hand.id not in files._FRAGMENTS
+    assert files._FRAGMENTS[quoted.id][3] == own
+    q = state.clusters["c-000000a2"]
+    text = files.cluster_yaml(q)
+    assert text.endswith(own) and Cluster.from_dict(loads(text)) == q
+    c = state.clusters["c-00000001"]
+    c.memories.append(Memory.new("a routed memory joins", "2026-01-02T00:00:00Z"))
+    assert files.cluster_yaml(c) == dumps(c.to_dict())
+    c.memories[0].metadata["changed"] = "since the load"  # dumped again, not served stale
+    assert files.cluster_yaml(c) == dumps(c.to_dict())
+
+
+def test_block_list_texts_takes_only_the_layout_clagd_writes() -> None:
+    from clagd.yamlio import block_list_texts, list_items
+
+    items = [{"id": f"m-{i}", "content": f"- {i}: #", "metadata": {"a": [1, 2]}} for i in range(5)]
+    doc = dumps({"id": "c-1", "tags": ["x"], "memories": items})
+    assert block_list_texts(doc, "memories", 5) == list_items(items)
+    assert block_list_texts(dumps({"memories": items}), "memories", 5) == list_items(items)
+    for other in [
+        doc.replace("\n- id: m-1", "\n# a note\n- id: m-1"),  # a comment at the margin
+        doc + "name: after the list\n",  # another key after it
+        doc.replace("\n  content", "\n\n  content", 1),  # a blank line
+        doc.replace("\n", "\r\n"),
+        doc.rstrip("\n"),
+        dumps({"memories": [{"id": "m-1"}]}).replace("- ", "  - "),  # an indented list
+        "memories: [{id: m-1}]\n",
+    ]:
+        assert block_list_texts(other, "memories", len(loads(other)["memories"])) is None
+    assert block_list_texts(doc, "memories", 4) is None  # not one part per item
+    assert block_list_texts("id: x\n", "memories", 1) is None
