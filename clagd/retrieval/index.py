@@ -1220,6 +1220,7 @@ class Index:
 
     # cells of the (memories x cluster slots) score matrix that route_many fills at a time
     ROUTE_CELLS = 1 << 20
+    ROUTE_BLOCK = 32
 
     def route_many(self, memories: Sequence[Memory]) -> list[str | None]:
         """The cluster each new memory clearly belongs to, or None (it goes to unsorted), in
@@ -1231,8 +1232,8 @@ class Index:
         The profile scores of a chunk of memories against all cluster slots are one dense
         (memories x cluster slots) float32 matrix, and each distinct term of the chunk one
         dense row of its BM25 contributions. Pass j adds the row of every memory's j-th term
-        at once, so a cell gets the same float32 additions in the same order as the cluster
-        score vector of one memory (`_cluster_bm25`, plus exact zeros), and the answers equal
+        (a block of memories at a time), so a cell gets the same float32 additions in the
+        same order as the cluster score vector of one memory (`_cluster_bm25`, plus exact zeros), and the answers equal
         scoring each memory on its own (tests/test_index.py keeps that reference).
         """
         out: list[str | None] = [None] * len(memories)
@@ -1284,17 +1285,26 @@ class Index:
         for tid, r in row_of.items():
             cols, vals = term_rows[tid]
             contrib[r, cols] = vals
-        width = max((len(q) for q in chunk), default=0)
-        pos = np.full((nr, width), -1, dtype=np.int64)  # term row per (memory, position)
-        for i, q in enumerate(chunk):
-            pos[i, : len(q)] = [row_of[t] for t in q]
         mat = np.zeros((nr, nc), dtype=np.float32)
-        for j in range(width):
-            rj = np.flatnonzero(pos[:, j] >= 0)
-            if len(rj) == nr:
-                mat += contrib[pos[:, j]]
-            else:
-                mat[rj] += contrib[pos[rj, j]]
+        # Blocks of ROUTE_BLOCK memories, most terms first: a block's score rows and the
+        # term rows gathered for one position stay in the CPU cache, and the memories that
+        # still have a term at position j are a prefix of the block (no scatter)
+        order = sorted(range(nr), key=lambda i: -len(chunk[i]))
+        buf = np.empty((self.ROUTE_BLOCK, nc), dtype=np.float32)
+        for b0 in range(0, nr, self.ROUTE_BLOCK):
+            rows = order[b0 : b0 + self.ROUTE_BLOCK]
+            lens = [len(chunk[i]) for i in rows]
+            pos = np.zeros((len(rows), lens[0]), dtype=np.intp)  # term row per position
+            for i, r in enumerate(rows):
+                pos[i, : lens[i]] = [row_of[t] for t in chunk[r]]
+            block = np.zeros((len(rows), nc), dtype=np.float32)
+            k = len(rows)
+            for j in range(lens[0]):
+                while lens[k - 1] <= j:
+                    k -= 1
+                np.take(contrib, pos[:k, j], axis=0, out=buf[:k])
+                block[:k] += buf[:k]
+            mat[rows] = block
         if len(self._cslot_of) != nc:
             mat[:, self._c_dead] = 0.0
         best_col = np.argmax(mat, axis=1)  # the first of equal maxima, as a stable sort

@@ -573,9 +573,12 @@ def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
     one = [_route_one(ix, m) for m in batch]
     assert ix.route_many(batch) == one
     assert any(one) and not all(one)  # some routed, some not
-    # several chunks of rows
-    monkeypatch.setattr(Index, "ROUTE_CELLS", 3 * len(ix._c_alive))
+    # several chunks of rows, several blocks in a chunk (memories of unequal term counts)
+    monkeypatch.setattr(Index, "ROUTE_CELLS", 7 * len(ix._c_alive))
+    monkeypatch.setattr(Index, "ROUTE_BLOCK", 2)
+    assert len({len(ix._term_ids(m.content)) for m in batch}) > 2
     assert ix.route_many(batch) == one
+    monkeypatch.setattr(Index, "ROUTE_BLOCK", 32)
     # dead cluster slots (a rewritten and a removed cluster)
     cids = sorted(clusters)
     c = clusters[cids[0]]
