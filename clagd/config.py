@@ -157,7 +157,7 @@ class IngestConfig:
     route_min_score: float = 6.0
     route_margin: float = 1.5
     route_inline_max: int = 50
-    route_delay_seconds: float = 0.5
+    route_delay_seconds: float = 0.2
 
 
 @dataclass

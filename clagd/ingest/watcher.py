@@ -171,8 +171,9 @@ class InboxWatcher:
         self._wake.set()
 
     def quiet_for(self) -> float:
-        """Seconds since the inbox last saw a file arrive or a pass end (0 while a pass
-        runs): the route pass waits for a burst to end, not for a pause inside it."""
+        """Seconds since the inbox last saw a file arrive or a pass that handled files end
+        (0 while a pass runs): the route pass waits for a burst to end, not for a pause
+        inside it."""
         return max(0.0, time.monotonic() - max(self._last_event, self._busy_until))
 
     def stop(self) -> None:
@@ -210,14 +211,16 @@ class InboxWatcher:
             # meanwhile is ready now, and the deletions of the last batch are no reason to
             # wait. Only a pass that found nothing waits for an event, a timer or the rescan.
             self._wake.clear()
-            self._busy_until = float("inf")
+            # quiet_for is 0 while a pass runs; a pass that handled nothing (the check after
+            # a batch, a settle timer, the rescan) does not end the quiet that came before
+            was_busy_until, self._busy_until = self._busy_until, float("inf")
             try:
                 busy = self.process() > 0
             except Exception as exc:  # noqa: BLE001 - the inbox loop never stops
                 self.loop_errors += 1
                 self._fail(exc)
                 busy = False
-            self._busy_until = time.monotonic()
+            self._busy_until = time.monotonic() if busy else was_busy_until
             self._check_backlog()
         try:
             self.process()

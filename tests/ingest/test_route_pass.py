@@ -194,3 +194,36 @@ def test_the_pass_starts_when_due_not_at_the_next_housekeeping(
         wait_for(routed, 10, "the route pass, well before the next housekeeping")
     finally:
         d.stop()
+
+
+def test_a_file_still_being_written_does_not_hold_the_pass_back(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """The inbox checks a file that is still open again and again (every settle/2); those
+    passes handle nothing and must not count as inbox activity, or the route pass of a
+    large batch would wait for the file (here: for ROUTE_MAX_WAIT, 30 s)."""
+    root = _store(tmp_path, route_inline_max=2, route_delay_seconds=0.5)
+    cfg = yaml.safe_load((root / "clagd.yaml").read_text())
+    cfg["inbox"]["rescan_seconds"] = 30  # no housekeeping tick routes it meanwhile
+    (root / "clagd.yaml").write_text(yaml.safe_dump(cfg))
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    inbox = root / "inbox"
+    try:
+        with open(inbox / "slow.txt", "w") as slow:  # an agent still writing its file
+            slow.write("half of a memory")
+            slow.flush()
+            (inbox / ".tmp" / "b.json").write_text(
+                json.dumps([{"content": t} for t in NEW_SAILING + OTHER])
+            )
+            (inbox / ".tmp" / "b.json").rename(inbox / "b.json")
+
+            def routed() -> bool:
+                with d.client() as c:
+                    st = c.status()
+                return st["counters"]["routed"] == 4 and st["route_pending"] == 0
+
+            wait_for(routed, 10, "the route pass while a file is still being written")
+            assert (inbox / "slow.txt").exists()  # still waiting for its writer
+        assert "slow.txt" not in {p.name for p in (inbox / "rejected").glob("*")}
+    finally:
+        d.stop()
