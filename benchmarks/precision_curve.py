@@ -15,6 +15,7 @@ bound at the end (fitted on four conversations, tested on the fifth).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ class HitRow:
     best_cover: float = 0.0  # the best hit's own coverage
     gap: float = 0.0  # 1 - second score / best score
     query_len: int = 0
+    near: tuple[str, ...] = ()  # the ids of its time neighbours (for benchmarks/precision_dense.py)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class QuestionRow:
     evidence: set[str]
     tokens: int
     hits: list[HitRow]
+    text: str = ""
 
 
 def _terms(ix: Index, slot: int, q: dict[int, float]) -> set[int]:
@@ -105,7 +108,7 @@ def _rows(ix: Index, text: str, res: dict[str, Any]) -> list[HitRow]:
     smax = float(s.max()) if len(s) else 0.0
     c_norm, _, _ = ix._choose_clusters(ix._cluster_bm25(q), None)
     w = ix._query_weights(q)
-    total = sum(w.values()) or 1.0
+    total = math.fsum(w.values()) or 1.0
     rows: list[HitRow] = []
     for i, (m, cost) in enumerate(zip(res["memories"], line_tokens(res))):
         slot = ix._slot_of.get(m["id"])
@@ -114,6 +117,7 @@ def _rows(ix: Index, text: str, res: dict[str, Any]) -> list[HitRow]:
         prev, nxt = int(ix._prev[slot]), int(ix._next[slot])
         near = own | _terms(ix, prev, w) | _terms(ix, nxt, w)
         group = int(ix._group[slot])
+        near_ids = tuple(ix._mems[n].id for n in (prev, nxt) if n >= 0)
         rows.append(
             HitRow(
                 m["id"],
@@ -121,8 +125,8 @@ def _rows(ix: Index, text: str, res: dict[str, Any]) -> list[HitRow]:
                 m["score"],
                 cost,
                 float(s[slot]) / smax if smax else 0.0,
-                sum(w[t] for t in own) / total,
-                sum(w[t] for t in near) / total,
+                math.fsum(w[t] for t in own) / total,
+                math.fsum(w[t] for t in near) / total,
                 max((w[t] for t in near), default=0.0),
                 max((w[t] for t in own), default=0.0),
                 float(c_norm[group]),
@@ -132,6 +136,7 @@ def _rows(ix: Index, text: str, res: dict[str, Any]) -> list[HitRow]:
                 frozenset(own),
                 slot,
                 group,
+                near=near_ids,
             )
         )
     top = max((h.orare for h in rows), default=0.0) or 1.0
@@ -166,7 +171,8 @@ def collect(kind: str, path: str) -> list[QuestionRow]:
                 continue
             res = pipe.query(qq.text, K)
             ix = pipe.index if isinstance(pipe, InProcessPipeline) else pipe.engine.index
-            out.append(QuestionRow(ci, ev, int(res["tokens"]), _rows(ix, qq.text, res)))
+            rows = _rows(ix, qq.text, res)
+            out.append(QuestionRow(ci, ev, int(res["tokens"]), rows, qq.text))
             pipe.settle()
         pipe.close()
     return out
@@ -238,9 +244,13 @@ FEATURES = (
 )  # fmt: skip
 
 
-def _saving_at(data: list[QuestionRow], score: dict[tuple[int, int], float]) -> float:
-    """Share of wasted tokens saved by cutting the lowest-scored hits while recall@10 drops
-    by at most 0.01 (hits cut in score order; rank 0 is never cut)."""
+Score = dict[tuple[int, int], float]  # (question index, rank) -> score; lower is cut first
+
+
+def cut_at(data: list[QuestionRow], score: Score, drop: float = 0.01) -> tuple[set[int], float]:
+    """Cut the lowest-scored hits while recall@10 drops by at most `drop` (hits cut in score
+    order; rank 0 is never cut): the cut hits (as `id(hit)`) and the share of wasted tokens
+    saved."""
     items, base = [], 0.0
     for qi, d in enumerate(data):
         total = sum(h.cost for h in d.hits) or 1
@@ -250,24 +260,39 @@ def _saving_at(data: list[QuestionRow], score: dict[tuple[int, int], float]) -> 
             base += waste
             if h.rank:
                 loss = (1 / len(d.evidence) if ev else 0.0) / len(data)
-                items.append((score[(qi, h.rank)], loss, waste))
+                items.append((score[(qi, h.rank)], loss, waste, id(h)))
     lost = saved = 0.0
-    for _, loss, waste in sorted(items):
-        if lost + loss > 0.01:
+    cut: set[int] = set()
+    for _, loss, waste, key in sorted(items):
+        if lost + loss > drop:
             break
         lost += loss
         saved += waste
-    return saved / base
+        cut.add(key)
+    return cut, saved / base
 
 
-def logistic_bound(data: list[QuestionRow]) -> float:
-    """Leave-one-conversation-out logistic regression over the signals: an upper bound for
-    rules built from them."""
+def _saving_at(data: list[QuestionRow], score: Score) -> float:
+    """Share of wasted tokens saved by cutting the lowest-scored hits while recall@10 drops
+    by at most 0.01."""
+    return cut_at(data, score)[1]
+
+
+Columns = Callable[[int, QuestionRow, HitRow], list[float]]
+
+
+def lexical(qi: int, d: QuestionRow, h: HitRow) -> list[float]:
+    return [float(getattr(h, f)) for f in FEATURES]
+
+
+def logistic_scores(data: list[QuestionRow], columns: Columns = lexical) -> Score:
+    """Leave-one-conversation-out logistic regression over the signals `columns` gives per
+    hit: each hit is scored by the model fitted on the other conversations."""
     rows = [(qi, d.conv, h) for qi, d in enumerate(data) for h in d.hits]
-    x = np.array([[float(getattr(h, f)) for f in FEATURES] for _, _, h in rows])
+    x = np.array([columns(qi, data[qi], h) for qi, _, h in rows])
     y = np.array([h.id in data[qi].evidence for qi, _, h in rows], dtype=float)
     conv = np.array([c for _, c, _ in rows])
-    score: dict[tuple[int, int], float] = {}
+    score: Score = {}
     for c in sorted(set(conv.tolist())):
         train = conv != c
         mu, sd = x[train].mean(0), x[train].std(0) + 1e-9
@@ -279,7 +304,13 @@ def logistic_bound(data: list[QuestionRow]) -> float:
         for i in np.flatnonzero(~train).tolist():
             qi, _, h = rows[i]
             score[(qi, h.rank)] = float(z[i] @ wt)
-    return _saving_at(data, score)
+    return score
+
+
+def logistic_bound(data: list[QuestionRow]) -> float:
+    """Leave-one-conversation-out logistic regression over the signals: an upper bound for
+    rules built from them."""
+    return _saving_at(data, logistic_scores(data))
 
 
 def main() -> None:
