@@ -19,7 +19,7 @@ from typing import Any
 
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, summary
-from clagd.engine.hooks import EngineHooks, IndexChange, SessionRunner
+from clagd.engine.hooks import EngineHooks, IndexChange, PreparedIndex, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideEdits
 from clagd.engine.recovery import recover
@@ -77,7 +77,9 @@ class Engine:
         self._archived = dict(state.archived)
         self.known = state.memory_ids()
         self.stats = AccessStats(self.paths.runtime / "stats.json")
-        self.writer = Writer(self.root, state, self.git, on_change=self._on_change)
+        self.writer = Writer(
+            self.root, state, self.git, on_change=self._on_change, prepare=self._prepare_index
+        )
         self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
         self.routes = RouteQueue(self.config.ingest.route_delay_seconds)
@@ -190,27 +192,50 @@ class Engine:
         return self.writer.state
 
     # -- publishing index snapshots (runs on the writer thread) ---------------------------
-    def _on_change(self, changes: Changes, state: StoreState) -> None:
-        structural = changes.upsert_clusters or changes.remove_clusters
-        if changes.full or changes.reloaded:
-            # taken in from outside: memories may have left, and must not stay "known"
-            self.known = state.memory_ids()
-        change = None
+    @staticmethod
+    def _index_change(changes: Changes, state: StoreState) -> IndexChange | None:
         if changes.full:
             clusters, unsorted = tuple(state.clusters.values()), state.unsorted_memories()
-            change = IndexChange(True, clusters, (), tuple(unsorted))
-        elif structural or changes.add_unsorted or changes.remove_unsorted:
-            change = IndexChange(
+            return IndexChange(True, clusters, (), tuple(unsorted))
+        if (
+            changes.upsert_clusters
+            or changes.remove_clusters
+            or changes.add_unsorted
+            or changes.remove_unsorted
+        ):
+            return IndexChange(
                 False,
                 tuple(changes.upsert_clusters),
                 tuple(changes.remove_clusters),
                 tuple(changes.add_unsorted),
                 tuple(changes.remove_unsorted),
             )
-        if change is not None:
-            self.index = change.applied_to(self.index)
-            if self.hooks.on_index is not None:
-                self.hooks.on_index(change)
+        return None
+
+    def _prepare_index(self, changes: Changes, state: StoreState) -> PreparedIndex | None:
+        """The snapshot a commit will publish, made while git builds the commit (the writer
+        calls it beside the commit; nothing is served from it before the commit exists)."""
+        change = self._index_change(changes, state)
+        if change is None:
+            return None
+        return PreparedIndex(self.index, changes, change, change.applied_to(self.index))
+
+    def _on_change(
+        self, changes: Changes, state: StoreState, prepared: PreparedIndex | None = None
+    ) -> None:
+        structural = changes.upsert_clusters or changes.remove_clusters
+        if changes.full or changes.reloaded:
+            # taken in from outside: memories may have left, and must not stay "known"
+            self.known = state.memory_ids()
+        if prepared is not None and prepared.base is self.index and prepared.changes is changes:
+            change: IndexChange | None = prepared.change
+            self.index = prepared.index
+        else:
+            change = self._index_change(changes, state)
+            if change is not None:
+                self.index = change.applied_to(self.index)
+        if change is not None and self.hooks.on_index is not None:
+            self.hooks.on_index(change)
         if changes.full or changes.archive_changed:
             self._archived = dict(state.archived)
             self._archive_index = None

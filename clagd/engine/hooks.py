@@ -14,6 +14,7 @@ from clagd.retrieval.index import Index
 if TYPE_CHECKING:
     from clagd.engine.core import Engine
     from clagd.retrieval.refine import Refiner
+    from clagd.store.writer import Changes
 
 
 class SessionRunner(Protocol):
@@ -48,6 +49,18 @@ class IndexChange:
             add_unsorted=self.add_unsorted,
             remove_unsorted=self.remove_unsorted,
         )
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedIndex:
+    """The snapshot `change` makes of `base`, made while git built the commit of `changes`
+    (`Writer.commit_beside_prepare`); served only if the engine still serves `base` when
+    that commit is published."""
+
+    base: Index
+    changes: Changes
+    change: IndexChange
+    index: Index
 
 
 @dataclass

@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,24 +136,23 @@ class WriteContext:
         w = self.w
         w.begin_txn(subject, self.touched_paths())
         batch_sync = w.can_syncfs
-        written: list[str] = []
+        files: list[tuple[Path, str | None]] = []  # each touched file's new text (None: gone)
         for cid in sorted(self._clusters):
-            written.append(self._write_or_remove(cid, archived=False))
+            files.append(self._cluster_text(cid, archived=False))
         for cid in sorted(self._archive):
-            written.append(self._write_or_remove(cid, archived=True))
+            files.append(self._cluster_text(cid, archived=True))
         changes = Changes()
         for name, before in sorted(self._shards.items()):
             mems = self.state.unsorted.get(name, [])
-            path = self.paths.shard_file(name)
-            if mems:
-                self._write(path, shard_yaml(mems), fsync=not batch_sync)
-            else:
+            if not mems:
                 self.state.unsorted.pop(name, None)
-                self._write(path, None)
-            written.append(str(path.relative_to(self.paths.root)))
+            files.append((self.paths.shard_file(name), shard_yaml(mems) if mems else None))
             after = {m.id for m in mems}
             changes.add_unsorted.extend(m for m in mems if m.id not in before)
             changes.remove_unsorted.extend(sorted(before - after))
+        for path, text in files:
+            self._write(path, text, fsync=not batch_sync)
+        written = [str(path.relative_to(self.paths.root)) for path, _text in files]
         if not batch_sync:
             for d in DATA_DIRS:
                 fsync_dir(self.paths.root / d)
@@ -168,24 +167,29 @@ class WriteContext:
                     fsync_dir(self.paths.root / d)
                 os.sync()  # and the objects git wrote without fsync (paths not known here)
 
-        sha = w.git.commit(
-            written,
-            subject,
-            body,
-            trailers,
-            flush=flush if batch_sync else None,
-            expected=self._blobs,
-        )
-        w.end_txn()
         for cid in sorted(self._clusters):
             if cid in self.state.clusters:
                 changes.upsert_clusters.append(self.state.clusters[cid])
             else:
                 changes.remove_clusters.append(cid)
         changes.archive_changed = bool(self._archive)
+        blobs = self._blobs
+
+        def commit() -> str | None:
+            return w.git.commit(
+                written,
+                subject,
+                body,
+                trailers,
+                flush=flush if batch_sync else None,
+                expected=blobs,
+            )
+
+        sha, prepared = w.commit_beside_prepare(commit, changes)
+        w.end_txn()
         changes.commit = sha
         self.clear()
-        w.publish(changes)
+        w.publish(changes, prepared)
         return sha
 
     def record(
@@ -196,14 +200,10 @@ class WriteContext:
         self.w.publish(Changes(commit=sha))
         return sha
 
-    def _write_or_remove(self, cid: str, archived: bool) -> str:
+    def _cluster_text(self, cid: str, archived: bool) -> tuple[Path, str | None]:
         area = self.state.archived if archived else self.state.clusters
         path = self.paths.cluster_file(cid, archived)
-        if cid in area:
-            self._write(path, cluster_yaml(area[cid]), fsync=not self.w.can_syncfs)
-        else:
-            self._write(path, None)
-        return str(path.relative_to(self.paths.root))
+        return path, cluster_yaml(area[cid]) if cid in area else None
 
     def _write(self, path: Path, text: str | None, fsync: bool = True) -> None:
         """Write (None: remove) one file, and remember the blob it must be in the commit:
@@ -308,12 +308,20 @@ class Writer:
         root: Path,
         state: StoreState,
         git: GitStore,
-        on_change: Callable[[Changes, StoreState], None] | None = None,
+        on_change: Callable[[Changes, StoreState, Any], None] | None = None,
+        prepare: Callable[[Changes, StoreState], Any] | None = None,
     ) -> None:
         self.paths = Paths(Path(root))
         self.state = state
         self.git = git
+        # on_change(changes, state, prepared) publishes a change once it is committed;
+        # prepare(changes, state), when given, makes what on_change needs (the readers' next
+        # index snapshot) while git builds the commit: `prepared` is its result, or None
         self.on_change = on_change
+        self.prepare = prepare
+        # git's commit runs on this thread while the writer thread prepares (started by the
+        # writer thread, it is as nice as the writer; its name is one lower_priority knows)
+        self._git_thread = ThreadPoolExecutor(1, thread_name_prefix="clagd-writer-git")
         self._q: queue.Queue[tuple[Callable[..., Any], tuple, dict, Future] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
@@ -359,6 +367,7 @@ class Writer:
             self._stopping = True
             self._q.put(None)
             self._thread.join(timeout)
+        self._git_thread.shutdown(wait=False)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Future:
         fut: Future = Future()
@@ -393,11 +402,32 @@ class Writer:
     def end_txn(self) -> None:
         self.txn_file.unlink(missing_ok=True)
 
-    def publish(self, changes: Changes) -> None:
+    def commit_beside_prepare(
+        self, commit: Callable[[], str | None], changes: Changes
+    ) -> tuple[str | None, Any]:
+        """`commit()` (git: staging, objects, tree, the branch's compare-and-swap: child
+        processes, on the other core) on the git thread while this thread runs `prepare`
+        for `changes`, which must not touch git or the files. Returns the commit and what
+        `prepare` made. A failed commit raises as ever (what was prepared is dropped); a
+        failed `prepare` is logged and leaves the work to `on_change` after the commit."""
+        if self.prepare is None or changes.empty:
+            return commit(), None
+        fut = self._git_thread.submit(commit)
+        prepared = None
+        try:
+            prepared = self.prepare(changes, self.state)
+        except Exception as exc:  # noqa: BLE001 - publish does the same work and reports it
+            log.warning("preparing the index beside the commit failed: %s", exc)
+        except BaseException:
+            fut.exception()  # never leave git running unattended
+            raise
+        return fut.result(), prepared
+
+    def publish(self, changes: Changes, prepared: Any = None) -> None:
         if changes.commit:
             self.commits += 1
         if self.on_change is not None and not changes.empty:
-            self.on_change(changes, self.state)
+            self.on_change(changes, self.state, prepared)
 
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:

@@ -150,3 +150,67 @@ def test_one_syncfs_after_git_add_and_before_the_commit(
         ]
     finally:
         eng.close()
+
+
+def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer makes the readers' next snapshot while git builds the commit (on a thread
+    of its own): the engine serves it once the commit exists; a failed commit drops it
+    (nothing is served that no commit holds); a failed preparation is logged and the
+    snapshot made after the commit instead."""
+    import threading
+
+    root = make_store(tmp_path / "m")
+    eng = Engine(root)
+    try:
+        real_commit, real_prepare = eng.git.commit, eng.writer.prepare
+        seen: dict[str, object] = {}
+
+        def commit(*a, **kw):  # type: ignore[no-untyped-def]
+            seen["git thread"] = threading.current_thread().name
+            seen["index while git commits"] = eng.index
+            return real_commit(*a, **kw)
+
+        def prepare(changes, state):  # type: ignore[no-untyped-def]
+            seen["prepare thread"] = threading.current_thread().name
+            seen["prepared"] = real_prepare(changes, state)
+            return seen["prepared"]
+
+        monkeypatch.setattr(eng.git, "commit", commit)
+        monkeypatch.setattr(eng.writer, "prepare", prepare)
+        before = eng.index
+        eng.ingest([Item("the first memory about kites", None, {})], "test")
+        assert seen["git thread"].startswith("clagd-writer-git")
+        assert seen["prepare thread"] == "clagd-writer"
+        assert seen["index while git commits"] is before  # not served before the commit
+        assert eng.index is seen["prepared"].index  # type: ignore[attr-defined]
+        assert eng.query("kites", count_round=False)["memories"][0]["content"].endswith("kites")
+
+        # a commit that fails: the prepared snapshot is dropped
+        def failing(*a, **kw):  # type: ignore[no-untyped-def]
+            raise Boom("git could not write")
+
+        monkeypatch.setattr(eng.git, "commit", failing)
+        with pytest.raises(Boom):
+            eng.ingest([Item("a memory about boats that never lands", None, {})], "test")
+        assert seen["prepared"].index is not eng.index  # type: ignore[attr-defined]
+        assert "boats" in " ".join(
+            h.memory.content
+            for h in seen["prepared"].index.search("boats never lands").memories  # type: ignore[attr-defined]
+        )
+        assert not eng.query("boats never lands", count_round=False)["memories"]
+
+        # a preparation that fails: logged, the snapshot is made after the commit
+        monkeypatch.setattr(eng.git, "commit", real_commit)
+
+        def broken(changes, state):  # type: ignore[no-untyped-def]
+            raise Boom("no snapshot")
+
+        monkeypatch.setattr(eng.writer, "prepare", broken)
+        eng.ingest([Item("a memory about trains", None, {})], "test")
+        assert eng.query("trains", count_round=False)["memories"][0]["content"].endswith("trains")
+        files = load_state(root)
+        assert files.memory_ids() == eng.state.memory_ids() == eng.index.memory_ids()
+    finally:
+        eng.close()
