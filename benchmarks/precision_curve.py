@@ -19,6 +19,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,8 @@ from clagd.eval.pipelines import EnginePipeline, InProcessPipeline, line_tokens
 from clagd.model import memory_id
 from clagd.retrieval.index import Index
 
-PATH = "/work/shared/data/locomo/locomo-dev.json"
+# the shared data beside the repository (../shared/)
+PATH = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo-dev.json")
 K = 10
 
 

