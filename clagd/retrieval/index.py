@@ -1080,8 +1080,7 @@ class Index:
         cfg = self.cfg
         group = self._group[cand]
         sc = s[cand]
-        sn = sc / smax if smax > 0 else sc
-        score = sn.copy()
+        score = sc / smax if smax > 0 else sc  # a new array either way
         if cfg.cluster_weight:
             score += cfg.cluster_weight * c_norm[group]
         # eligible: own lexical evidence, or a matching neighbour, inside a chosen cluster
@@ -1099,7 +1098,7 @@ class Index:
             score += cfg.neighbor_weight * nb
             eligible |= (nb > 0) & selected[group]
             if cfg.neighbors == "time":
-                eligible |= self._found(lp, s, selected) | self._found(lx, s, selected)
+                eligible |= self._found(lp, lx, s, selected)
                 if cfg.second_neighbor_weight:
                     score += cfg.second_neighbor_weight * self._second(lp, lx, s, smax)
         if self._n_alive != len(self._alive):
@@ -1124,12 +1123,18 @@ class Index:
         s2 = np.maximum(s[pp], s[xx])
         return s2 / smax if smax > 0 else s2
 
-    def _found(self, slots: np.ndarray, s: np.ndarray, selected: np.ndarray) -> np.ndarray:
-        """Whether each of these slots (-1: none) has its own evidence inside a chosen
-        cluster or the unsorted area."""
-        safe = np.maximum(slots, 0)
-        home = self._unsorted[safe] | selected[self._group[safe]]
-        return (slots >= 0) & (s[slots] > 0) & home
+    def _found(
+        self, lp: np.ndarray, lx: np.ndarray, s: np.ndarray, selected: np.ndarray
+    ) -> np.ndarray:
+        """Whether the previous (`lp`) or the next (`lx`) neighbour (-1: none) of each slot
+        has its own evidence inside a chosen cluster or the unsorted area. A link of -1
+        reads the zero at the end of `s` (and the last slot's area, which that zero
+        masks)."""
+        links = np.concatenate((lp, lx))
+        found = s[links] > 0
+        found &= self._unsorted[links] | selected[self._group[links]]
+        m = len(lp)
+        return found[:m] | found[m:]
 
     def _top_hits(
         self,
@@ -1149,14 +1154,17 @@ class Index:
         mems = self._mems
         ranked = zip(cand[nz].tolist(), score[nz].tolist())
         top = sorted(ranked, key=lambda p: (-p[1], mems[p[0]].id))[:limit]
+        slots = [slot for slot, _ in top]
+        groups = self._group[slots].tolist()
+        toks = self._tok[slots].tolist()
+        clusters = self._clusters
         hits = []
-        for slot, value in top:
-            g = int(self._group[slot])
-            c = self._clusters[g] if g >= 0 else None
+        for (slot, value), g, tok in zip(top, groups, toks):
+            c = clusters[g] if g >= 0 else None
             name = (c.name or c.id) if c else UNSORTED_NAME
-            hit = Hit(self._mems[slot], c.id if c else None, name, value)
+            hit = Hit(mems[slot], c.id if c else None, name, value)
             # conservative: the estimate of a joined context never exceeds the sum of these
-            cost = int(self._tok[slot]) + _label_tokens(name) + 1
+            cost = tok + _label_tokens(name) + 1
             if weight is None:
                 hits.append((hit, cost, 0.0, 0.0))
             else:
