@@ -112,10 +112,12 @@ def main() -> None:
     kept = [getattr(index, k, None) for k in ("_m_terms", "_c_terms")]
     if all(kept):
         rows["cold"] = []
+    sizes: list[int] = []
     for r in range(args.repeats):
         rows["search"].append(
             summary(timed(index.search, [f"{q} {'!' * (2 * r + 1)}" for q in qs]))
         )
+        sizes = [k.size for k in kept if k]
         if "cold" in rows:
             limits = [k.limit for k in kept]
             for k in kept:
@@ -132,6 +134,8 @@ def main() -> None:
     print(f"clagd from {Path(clagd.__file__).parent}")
     print(f"{len(index)} memories ({args.unsorted} unsorted), built in {build_s:.1f} s")
     print(f"{len(qs)} queries x {args.repeats} repeats; ms")
+    if sizes:
+        print(f"postings kept after a repeat: {sizes[0]} memory level, {sizes[1]} cluster level")
     for name, runs in rows.items():
         for r, row in enumerate(runs):
             print(
