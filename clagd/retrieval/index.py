@@ -46,6 +46,9 @@ PROFILE_FIELD_WEIGHT = 2
 # queries remembered per snapshot (the hot cache; a new snapshot starts empty)
 HOT_CACHE_SIZE = 256
 
+# postings whose BM25 contributions a snapshot keeps per level (`_TermCache`; 4 bytes each)
+TERM_CACHE_POSTINGS = 1 << 21
+
 _EMPTY_I = np.zeros(0, dtype=np.int32)
 _EMPTY_F = np.zeros(0, dtype=np.float32)
 
@@ -246,6 +249,40 @@ class _Segment:
         if a == b:
             return None
         return self.slots[a:b], self.tf[a:b]
+
+
+# a query term's postings runs (slots, BM25 contribution of each) and its weight
+_Weighted = tuple[list[tuple[np.ndarray, np.ndarray]], float]
+
+
+class _TermCache:
+    """The query terms' BM25 contributions (`Index._weighted`) of one snapshot and level:
+    the postings of a term with `w * tf / (tf + dn)` per posting, computed on the term's
+    first query. Every input (live document frequency, average length, the postings) is
+    fixed for the snapshot, so a kept run equals a recomputed one; a new snapshot starts
+    empty. At most `limit` postings are kept, the oldest terms go first. Filled without a
+    lock, like the hot cache: dict operations are atomic under the GIL and a race costs
+    at most a recomputation or a wrong size by one term."""
+
+    __slots__ = ("terms", "size", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.terms: dict[int, _Weighted | None] = {}
+        self.size = 0
+        self.limit = limit
+
+    def put(self, tid: int, value: _Weighted | None, postings: int) -> None:
+        if postings > self.limit:
+            return
+        terms = self.terms
+        try:
+            while terms and self.size + postings > self.limit:
+                old = terms.pop(next(iter(terms)))
+                self.size -= sum(len(sl) for sl, _ in old[0]) if old is not None else 0
+        except (KeyError, RuntimeError, StopIteration):
+            return
+        terms[tid] = value
+        self.size += postings
 
 
 def _ptr(counts: np.ndarray) -> np.ndarray:
@@ -651,13 +688,16 @@ class Index:
         self._dead = np.zeros(0, dtype=np.int64)
         self._c_dead = np.zeros(0, dtype=np.int64)
         self._uslots = np.zeros(0, dtype=np.int64)
+        # the query terms' BM25 contributions at each level (`_weighted`)
+        self._m_terms = _TermCache(TERM_CACHE_POSTINGS)
+        self._c_terms = _TermCache(TERM_CACHE_POSTINGS)
         self._cache: dict[tuple, SearchResult] = {}
         self.cache_hits = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cache"] = {}
-        for k in ("_dead", "_c_dead", "_uslots"):
+        for k in ("_dead", "_c_dead", "_uslots", "_m_terms", "_c_terms"):
             state.pop(k, None)
         return state
 
@@ -828,36 +868,60 @@ class Index:
             return None
         return parts, float(idf(n_docs, df, self.cfg.idf)) * (self.cfg.k1 + 1.0)
 
-    def _bm25(
-        self,
-        q: list[int],
-        segs: tuple[_Segment, ...],
-        alive: np.ndarray,
-        dn: np.ndarray,
-        n_docs: int,
-        dead: np.ndarray,
-        pad: int = 0,
-    ) -> np.ndarray:
-        """BM25 of every slot (plus `pad` zeros at the end); `dn` is
-        k1 * (1 - b + b * len / avgdl) per slot, `dead` the slots that are not alive. Only the postings of the query terms are
-        touched: the array is allocated zeroed and scattered into."""
+    def _weighted(self, tid: int, cluster: bool) -> _Weighted | None:
+        """The postings of one query term at one level (`cluster`: the cluster profiles)
+        with each one's BM25 contribution `w * tf / (tf + dn)`, and the term's weight `w`
+        (`_term`), or None when no live document has it. Computed on the term's first
+        query on this snapshot and kept (`_TermCache`): IDF, average length and the live
+        slots change only with a new snapshot."""
+        cache = self._c_terms if cluster else self._m_terms
+        terms = cache.terms
+        if tid in terms:
+            try:
+                return terms[tid]
+            except KeyError:  # dropped meanwhile by another thread: computed again
+                pass
+        if cluster:
+            segs, alive, dn, n_docs = self._csegs, self._c_alive, self._c_dn, len(self._cslot_of)
+        else:
+            segs, alive, dn, n_docs = self._segs, self._alive, self._dn, self._n_alive
+        term = self._term(tid, segs, alive, n_docs)
+        if term is None:
+            cache.put(tid, None, 0)
+            return None
+        parts, w = term
+        runs = []
+        for slots, tf in parts:
+            x = dn.take(slots)
+            x += tf
+            y = w * tf
+            y /= x  # w * tf / (tf + dn): the same float32 steps as the plain expression
+            runs.append((slots, y))
+        out = (runs, w)
+        cache.put(tid, out, sum(len(sl) for sl, _ in runs))
+        return out
+
+    def _bm25(self, q: list[int], cluster: bool = False, pad: int = 0) -> np.ndarray:
+        """BM25 of every memory slot (`cluster`: every cluster slot), plus `pad` zeros at
+        the end; 0 for a dead slot. Only the postings of the query terms are touched: the
+        array is allocated zeroed and their contributions (`_weighted`) are added into it,
+        term by term in query order (each term's slots are distinct within a run and the
+        runs' slots are disjoint, so `np.add.at` adds exactly what `scores[sl] += y`
+        does, without the gather and scatter of a fancy index)."""
+        if cluster:
+            alive, n_docs, dead = self._c_alive, len(self._cslot_of), self._c_dead
+        else:
+            alive, n_docs, dead = self._alive, self._n_alive, self._dead
         scores = np.zeros(len(alive) + pad, dtype=np.float32)
         if n_docs == 0:
             return scores
-        all_alive = n_docs == len(alive)
+        add = np.add.at
         for tid in q:
-            got = self._term(tid, segs, alive, n_docs)
-            if got is None:
-                continue
-            parts, w = got
-            for slots, tf in parts:
-                sl = slots.astype(np.intp)  # once, not per fancy index
-                x = dn.take(sl)
-                x += tf
-                y = w * tf
-                y /= x  # w * tf / (tf + dn): the same float32 steps as the plain expression
-                scores[sl] += y
-        if not all_alive:
+            got = self._weighted(tid, cluster)
+            if got is not None:
+                for slots, y in got[0]:
+                    add(scores, slots, y)
+        if n_docs != len(alive):
             scores[dead] = 0.0  # dead slots score nothing
         return scores
 
@@ -866,6 +930,8 @@ class Index:
         self._dead = np.flatnonzero(~self._alive)
         self._c_dead = np.flatnonzero(~self._c_alive)
         self._uslots = np.flatnonzero(self._unsorted & self._alive).astype(np.int64)
+        self._m_terms = _TermCache(TERM_CACHE_POSTINGS)
+        self._c_terms = _TermCache(TERM_CACHE_POSTINGS)
 
     def _length_norms(self) -> None:
         k1, b = self.cfg.k1, self.cfg.b
@@ -882,12 +948,10 @@ class Index:
         return {m: float(s[slot]) for m, slot in self._slot_of.items()}
 
     def _mem_bm25(self, q: list[int]) -> np.ndarray:
-        return self._bm25(q, self._segs, self._alive, self._dn, self._n_alive, self._dead)
+        return self._bm25(q)
 
     def _cluster_bm25(self, q: list[int]) -> np.ndarray:
-        return self._bm25(
-            q, self._csegs, self._c_alive, self._c_dn, len(self._cslot_of), self._c_dead
-        )
+        return self._bm25(q, cluster=True)
 
     def _rank(
         self,
@@ -906,7 +970,7 @@ class Index:
             return [], []
         n = len(self._alive)
         # BM25 of every slot, plus one zero at index n: a neighbour link of -1 reads it
-        s = self._bm25(q, self._segs, self._alive, self._dn, self._n_alive, self._dead, pad=1)
+        s = self._bm25(q, pad=1)
         smax = float(s[:n].max()) if n else 0.0
         c_norm, selected, chosen = self._choose_clusters(self._cluster_bm25(q), only)
         if smax <= 0 and not chosen:
@@ -920,7 +984,7 @@ class Index:
         """The BM25 weight (IDF x (k1 + 1)) of each query term some live memory has."""
         out: dict[int, float] = {}
         for tid in dict.fromkeys(q):
-            got = self._term(tid, self._segs, self._alive, self._n_alive)
+            got = self._weighted(tid, False)
             if got is not None:
                 out[tid] = got[1]
         return out
@@ -1016,8 +1080,7 @@ class Index:
         cfg = self.cfg
         group = self._group[cand]
         sc = s[cand]
-        sn = sc / smax if smax > 0 else sc
-        score = sn.copy()
+        score = sc / smax if smax > 0 else sc  # a new array either way
         if cfg.cluster_weight:
             score += cfg.cluster_weight * c_norm[group]
         # eligible: own lexical evidence, or a matching neighbour, inside a chosen cluster
@@ -1035,7 +1098,7 @@ class Index:
             score += cfg.neighbor_weight * nb
             eligible |= (nb > 0) & selected[group]
             if cfg.neighbors == "time":
-                eligible |= self._found(lp, s, selected) | self._found(lx, s, selected)
+                eligible |= self._found(lp, lx, s, selected)
                 if cfg.second_neighbor_weight:
                     score += cfg.second_neighbor_weight * self._second(lp, lx, s, smax)
         if self._n_alive != len(self._alive):
@@ -1060,12 +1123,18 @@ class Index:
         s2 = np.maximum(s[pp], s[xx])
         return s2 / smax if smax > 0 else s2
 
-    def _found(self, slots: np.ndarray, s: np.ndarray, selected: np.ndarray) -> np.ndarray:
-        """Whether each of these slots (-1: none) has its own evidence inside a chosen
-        cluster or the unsorted area."""
-        safe = np.maximum(slots, 0)
-        home = self._unsorted[safe] | selected[self._group[safe]]
-        return (slots >= 0) & (s[slots] > 0) & home
+    def _found(
+        self, lp: np.ndarray, lx: np.ndarray, s: np.ndarray, selected: np.ndarray
+    ) -> np.ndarray:
+        """Whether the previous (`lp`) or the next (`lx`) neighbour (-1: none) of each slot
+        has its own evidence inside a chosen cluster or the unsorted area. A link of -1
+        reads the zero at the end of `s` (and the last slot's area, which that zero
+        masks)."""
+        links = np.concatenate((lp, lx))
+        found = s[links] > 0
+        found &= self._unsorted[links] | selected[self._group[links]]
+        m = len(lp)
+        return found[:m] | found[m:]
 
     def _top_hits(
         self,
@@ -1085,14 +1154,17 @@ class Index:
         mems = self._mems
         ranked = zip(cand[nz].tolist(), score[nz].tolist())
         top = sorted(ranked, key=lambda p: (-p[1], mems[p[0]].id))[:limit]
+        slots = [slot for slot, _ in top]
+        groups = self._group[slots].tolist()
+        toks = self._tok[slots].tolist()
+        clusters = self._clusters
         hits = []
-        for slot, value in top:
-            g = int(self._group[slot])
-            c = self._clusters[g] if g >= 0 else None
+        for (slot, value), g, tok in zip(top, groups, toks):
+            c = clusters[g] if g >= 0 else None
             name = (c.name or c.id) if c else UNSORTED_NAME
-            hit = Hit(self._mems[slot], c.id if c else None, name, value)
+            hit = Hit(mems[slot], c.id if c else None, name, value)
             # conservative: the estimate of a joined context never exceeds the sum of these
-            cost = int(self._tok[slot]) + _label_tokens(name) + 1
+            cost = tok + _label_tokens(name) + 1
             if weight is None:
                 hits.append((hit, cost, 0.0, 0.0))
             else:
@@ -1335,9 +1407,17 @@ def format_context(hits: list[Hit]) -> str:
 def _sorted_set(slots: np.ndarray, n: int) -> np.ndarray:
     """The distinct slots, sorted (int64), as `np.unique` gives them: by a mark over all `n`
     slots when there are many (linear, no sort: a burst leaves thousands of unsorted
-    memories with their own evidence), by sorting when there are few."""
+    memories with their own evidence), by sorting when there are few (one sort and a mask:
+    `np.unique` costs ~30 us more for a few hundred slots)."""
     if len(slots) * 16 < n:
-        return np.unique(slots.astype(np.int64))
+        out = slots.astype(np.int64)  # a copy, sorted in place
+        out.sort()
+        if len(out) < 2:
+            return out
+        keep = np.empty(len(out), dtype=bool)
+        keep[0] = True
+        np.not_equal(out[1:], out[:-1], out=keep[1:])
+        return out[keep]
     mark = np.zeros(n, dtype=bool)
     mark[slots] = True
     return np.flatnonzero(mark).astype(np.int64)

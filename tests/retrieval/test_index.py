@@ -616,3 +616,102 @@ def test_relative_cut_off_drops_weak_hits():
         h.memory.id for h in full.memories if h.score >= 0.9 * best
     ]
     assert 1 <= len(cut.memories) < 3 and cut.tokens < full.tokens
+
+
+def _plain_bm25(ix: Index, q: list[int], cluster: bool = False) -> np.ndarray:
+    """BM25 the way `_bm25` computed it before its terms were kept per snapshot: for each
+    query term, its live document frequency and IDF, then `scores[sl] += w * tf / (tf +
+    dn[sl])` over each postings run (the same float32 steps), dead slots zeroed."""
+    if cluster:
+        segs, alive, dn, n_docs = ix._csegs, ix._c_alive, ix._c_dn, len(ix._cslot_of)
+    else:
+        segs, alive, dn, n_docs = ix._segs, ix._alive, ix._dn, ix._n_alive
+    scores = np.zeros(len(alive), dtype=np.float32)
+    for tid in q:
+        parts = [p for p in (seg.postings(tid) for seg in segs) if p is not None]
+        df = sum(int(np.count_nonzero(alive[sl])) for sl, _ in parts)
+        if not df:
+            continue
+        w = float(np.log1p((n_docs - df + 0.5) / (df + 0.5))) * (ix.cfg.k1 + 1.0)
+        for sl, tf in parts:
+            sl = sl.astype(np.intp)
+            x = dn[sl] + tf
+            y = w * tf
+            y /= x
+            scores[sl] += y
+    scores[~alive] = 0.0
+    return scores
+
+
+def test_bm25_with_kept_terms_equals_the_plain_scatter_bit_for_bit():
+    clusters, unsorted, vocab, rng = _random_store(11, n_clusters=8, per=7, n_unsorted=12)
+    ix = Index.build(clusters, unsorted)
+    # more segments and dead slots: an edited memory, a removed cluster, new unsorted ones
+    c1 = clusters["c-00000001"]
+    edited = [mem(c1.memories[0].content + " w5 edited", 50), *c1.memories[1:]]
+    ix = ix.apply(
+        upsert_clusters=[Cluster(c1.id, "Renamed w7", memories=edited)],
+        remove_clusters=["c-00000002"],
+        add_unsorted=[mem(" ".join(rng.choices(vocab, k=6)), 60 + i) for i in range(5)],
+        remove_unsorted=[m.id for m in unsorted[:3]],
+    )
+    assert len(ix._segs) > 1 and ix._n_alive < len(ix._alive)
+    assert len(ix._cslot_of) < len(ix._c_alive)
+    queries = [rng.choices(vocab, k=rng.randint(1, 5)) for _ in range(40)]
+    queries += [["w5", "w5", "w7"], ["edited", "w1"]]  # a repeated term counts twice
+    for words in queries:
+        q = [ix._vocab[w] for w in words if w in ix._vocab]
+        for cluster_level in (False, True):
+            want = _plain_bm25(ix, q, cluster_level)
+            first = ix._bm25(q, cluster=cluster_level)
+            again = ix._bm25(q, cluster=cluster_level)  # from the kept terms
+            assert first.dtype == want.dtype == np.float32
+            assert np.array_equal(first, want) and np.array_equal(again, want)
+    assert ix._m_terms.terms and ix._c_terms.terms
+    # a new snapshot starts with no kept terms, and its own IDF
+    ix2 = ix.apply(add_unsorted=[mem("w5 w5 w9 fresh", 90)])
+    assert not ix2._m_terms.terms and not ix2._c_terms.terms
+    q = [ix2._vocab[w] for w in ("w5", "w9", "fresh")]
+    assert np.array_equal(ix2._bm25(q), _plain_bm25(ix2, q))
+    assert not np.array_equal(ix2._bm25(q), _plain_bm25(ix, q[:2]))
+
+
+def test_kept_terms_stay_within_their_limit_and_answer_the_same():
+    clusters, unsorted, vocab, rng = _random_store(12, n_clusters=6, per=8, n_unsorted=10)
+    ix = Index.build(clusters, unsorted)
+    queries = [" ".join(rng.choices(vocab, k=rng.randint(1, 5))) for _ in range(30)]
+    want = [(r.context, [h.score for h in r.memories]) for r in map(ix.search, queries)]
+    small = Index.build(clusters, unsorted)
+    small._m_terms.limit = 12  # a few terms' postings at a time: terms are dropped
+    small._c_terms.limit = 0  # none kept
+    for _ in range(2):
+        small._cache.clear()
+        got = [(r.context, [h.score for h in r.memories]) for r in map(small.search, queries)]
+        assert got == want
+        kept = small._m_terms
+        assert kept.size == sum(len(sl) for v in kept.terms.values() if v for sl, _ in v[0])
+        assert kept.size <= 12
+        assert not any(small._c_terms.terms.values())  # a term no profile has is kept: None
+
+
+def test_kept_terms_are_not_pickled():
+    import pickle
+
+    ix = Index.build({c.id: c for c in (HIKING, COOKING)}, [mem("unsorted hiking note", 5)])
+    ix.search("hiking ricotta")
+    assert ix._m_terms.terms
+    back = pickle.loads(pickle.dumps(ix))
+    assert not back._m_terms.terms and not back._c_terms.terms
+    assert back.search("hiking boots").context == ix.search("hiking boots").context
+
+
+def test_sorted_set_equals_np_unique():
+    from clagd.retrieval.index import _sorted_set
+
+    rng = np.random.default_rng(3)
+    for n, k in [(1000, 0), (1000, 1), (1000, 2), (1000, 40), (1000, 900), (50, 300)]:
+        for dtype in (np.int32, np.int64):
+            slots = rng.integers(0, n, size=k).astype(dtype)
+            got = _sorted_set(slots, n)
+            want = np.unique(slots.astype(np.int64))
+            assert got.dtype == np.int64 and np.array_equal(got, want)
