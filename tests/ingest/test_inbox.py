@@ -194,6 +194,10 @@ def test_two_bursts_are_ingested_back_to_back(tmp_path: Path, short_tmp: Path) -
         assert committing.wait(30)
         for i in range(20):
             _rename_in(inbox, f"b{i:02d}.json", json.dumps({"content": f"second burst {i}"}))
+        # the watcher has taken in the second burst's events (on a busy machine its thread
+        # can lag; a file whose event comes after the next pass waits for a new debounce)
+        second = {f"b{i:02d}.json" for i in range(20)}
+        wait_for(lambda: second <= set(watcher.tracker.ready()[0]), 20, "the second burst seen")
         t0 = time.monotonic()
         commit_may_go.set()
         wait_for(lambda: not any(p.is_file() for p in inbox.iterdir()), 20, "both bursts")
