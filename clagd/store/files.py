@@ -247,7 +247,19 @@ class FileUpdate:
 def is_data_path(rel: str) -> bool:
     """A store file that holds memories: `clusters/` or `archive/` + `<cluster id>.yaml`,
     `unsorted/` + `<shard name>.yaml`. Nothing else there is ever read or committed (an
-    editor's swap file, a `*.yaml~` backup, an exported Markdown file)."""
+    editor's swap file, a `*.yaml~` backup, an exported Markdown file). `status` asks it of
+    every file in the memory folders, so a path as git and the writer spell it ("area/name")
+    is split as a string; any other spelling goes through pathlib."""
+    area, sep, name = rel.partition("/")
+    if not sep or "/" in name or not name or area in ("", ".") or name.startswith("."):
+        return _is_data_path_slow(rel)
+    if area not in (CLUSTERS, ARCHIVE, UNSORTED) or not name.endswith(".yaml"):
+        return False
+    stem = name[:-5]
+    return valid_shard_name(stem) if area == UNSORTED else bool(CLUSTER_ID_RE.match(stem))
+
+
+def _is_data_path_slow(rel: str) -> bool:
     p = Path(rel)
     if len(p.parts) != 2 or p.suffix != ".yaml" or p.parts[0] not in (CLUSTERS, ARCHIVE, UNSORTED):
         return False

@@ -391,3 +391,31 @@ def test_block_list_texts_takes_only_the_layout_clagd_writes() -> None:
         assert block_list_texts(other, "memories", len(loads(other)["memories"])) is None
     assert block_list_texts(doc, "memories", 4) is None  # not one part per item
     assert block_list_texts("id: x\n", "memories", 1) is None
+
+
+def test_is_data_path_splits_as_pathlib_would() -> None:
+    """`status` asks is_data_path of every file in the memory folders, so it splits the
+    path as a string; for every spelling it must answer what the pathlib rule answers."""
+    import itertools
+
+    from clagd.store.files import _is_data_path_slow, is_data_path
+
+    parts = ["clusters", "archive", "unsorted", "prompts", "", ".", "..", "c-0000aaaa.yaml"]
+    parts += ["u-20260101T000000-aaaaaa.yaml", "u-x y.yaml", ".yaml", "c-1.yaml", "c-0000AAAA.yaml"]
+    parts += [
+        "c-0000aaaa.yml",
+        "c-0000aaaa.yaml~",
+        ".c-0000aaaa.yaml.swp",
+        "u-" + "a" * 90 + ".yaml",
+    ]
+    seen = set()
+    for k in (1, 2, 3):
+        for combo in itertools.product(parts, repeat=k):
+            for sep in ("/", "//"):
+                rel = sep.join(combo)
+                for r in (rel, rel + "/", "/" + rel, "./" + rel):
+                    assert is_data_path(r) == _is_data_path_slow(r), r
+                    seen.add(is_data_path(r))
+    assert seen == {True, False}
+    assert is_data_path("clusters/c-0000aaaa.yaml") and is_data_path("./clusters/c-0000aaaa.yaml")
+    assert not is_data_path("clusters/c-0000aaaa.yaml~")
