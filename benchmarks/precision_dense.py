@@ -47,6 +47,7 @@ from precision_curve import (  # noqa: E402
     evaluate,
     lexical,
     logistic_scores,
+    print_table,
 )
 
 from clagd.eval.data import conversation_turns, load_conversations, questions  # noqa: E402
@@ -288,16 +289,7 @@ def main() -> None:
         curves[name] = [cut_at(runs["batch"], sc, drop)[1] for drop in drops]
         row(f"{name} (LOCO, cut at -0.01)", rb, rs)
 
-    print("| rule | batch R@10 | stream R@10 | memories | tokens | wasted | wasted saved |")
-    print("|---|---|---|---|---|---|---|")
-    for name, rb_rule, rs_rule in rows:
-        rb, nb, tb, wb = evaluate(runs["batch"], rb_rule)
-        rs, _, _, ws = evaluate(runs["stream"], rs_rule)
-        sb = (wb - base["batch"][3]) / base["batch"][3] * 100
-        ss = (ws - base["stream"][3]) / base["stream"][3] * 100
-        print(
-            f"| {name} | {rb:.4f} | {rs:.4f} | {nb:.2f} | {tb:.0f} | {wb:.0f} | {sb:+.0f}% / {ss:+.0f}% |"
-        )
+    print_table(runs, base, rows)
     for name, b in bounds.items():
         print(
             f"{name}: wasted saved at -0.01 recall@10: {b['batch'] * 100:.1f}% (batch), "
