@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,16 +287,25 @@ def lexical(qi: int, d: QuestionRow, h: HitRow) -> list[float]:
     return [float(getattr(h, f)) for f in FEATURES]
 
 
-def logistic_scores(data: list[QuestionRow], columns: Columns = lexical) -> Score:
-    """Leave-one-conversation-out logistic regression over the signals `columns` gives per
-    hit: each hit is scored by the model fitted on the other conversations."""
+def loco_folds(
+    data: list[QuestionRow], columns: Columns
+) -> Iterator[tuple[list[tuple[int, str, HitRow]], np.ndarray, np.ndarray, np.ndarray]]:
+    """For leave-one-conversation-out fits: every hit as (question index, conversation,
+    hit), the signals `columns` gives per hit, whether each is evidence (1.0 or 0.0), and,
+    one fold at a time, the mask of the hits to train on (every other conversation's)."""
     rows = [(qi, d.conv, h) for qi, d in enumerate(data) for h in d.hits]
     x = np.array([columns(qi, data[qi], h) for qi, _, h in rows])
     y = np.array([h.id in data[qi].evidence for qi, _, h in rows], dtype=float)
     conv = np.array([c for _, c, _ in rows])
-    score: Score = {}
     for c in sorted(set(conv.tolist())):
-        train = conv != c
+        yield rows, x, y, conv != c
+
+
+def logistic_scores(data: list[QuestionRow], columns: Columns = lexical) -> Score:
+    """Leave-one-conversation-out logistic regression over the signals `columns` gives per
+    hit: each hit is scored by the model fitted on the other conversations."""
+    score: Score = {}
+    for rows, x, y, train in loco_folds(data, columns):
         mu, sd = x[train].mean(0), x[train].std(0) + 1e-9
         z = np.c_[(x - mu) / sd, np.ones(len(x))]
         wt = np.zeros(z.shape[1])

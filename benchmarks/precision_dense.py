@@ -46,6 +46,7 @@ from precision_curve import (  # noqa: E402
     cut_at,
     evaluate,
     lexical,
+    loco_folds,
     logistic_scores,
     print_table,
 )
@@ -177,17 +178,12 @@ def boosted_scores(data: list[QuestionRow], columns: Any) -> Score:
     sentence-transformers brings): does a non-linear model of the same signals cut better?"""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    rows = [(qi, d.conv, h) for qi, d in enumerate(data) for h in d.hits]
-    x = np.array([columns(qi, data[qi], h) for qi, _, h in rows])
-    y = np.array([h.id in data[qi].evidence for qi, _, h in rows], dtype=int)
-    conv = np.array([c for _, c, _ in rows])
     score: Score = {}
-    for c in sorted(set(conv.tolist())):
-        train = conv != c
+    for rows, x, y, train in loco_folds(data, columns):
         model = HistGradientBoostingClassifier(
             max_iter=200, learning_rate=0.05, max_leaf_nodes=15, min_samples_leaf=40, random_state=0
         )
-        model.fit(x[train], y[train])
+        model.fit(x[train], y[train].astype(int))
         p = model.predict_proba(x[~train])[:, 1]
         for i, pi in zip(np.flatnonzero(~train).tolist(), p.tolist()):
             qi, _, h = rows[i]
