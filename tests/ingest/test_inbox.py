@@ -170,6 +170,28 @@ def test_renamed_in_file_is_read_at_once_a_file_still_open_is_not(
         d.stop()
 
 
+def test_a_file_moved_in_from_another_folder_is_read_at_once(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """`mv` from a folder the watcher does not watch (here beside the store) is complete at
+    once, like a rename out of inbox/.tmp/; settle_seconds is 30."""
+    store = make_store(tmp_path / "memory", {"inbox": {"settle_seconds": 30.0}})
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    inbox = store / "inbox"
+    try:
+        elsewhere = tmp_path / "drafts"
+        elsewhere.mkdir()
+        (elsewhere / "note.json").write_text(json.dumps({"content": "moved in from drafts"}))
+        t0 = time.monotonic()
+        os.rename(elsewhere / "note.json", inbox / "note.json")
+        wait_for(lambda: not (inbox / "note.json").exists(), 10, "the moved-in file")
+        assert time.monotonic() - t0 < 10
+        assert head_contents(store) == ["moved in from drafts"]
+        assert d.daemon.watcher.observer_kind == "inotify"
+    finally:
+        d.stop()
+
+
 def test_two_bursts_are_ingested_back_to_back(tmp_path: Path, short_tmp: Path) -> None:
     """A burst that arrives while the last one is being committed is taken right after that
     commit: not after another debounce (the deletions of the last batch are no events)."""

@@ -333,6 +333,9 @@ def test_polling_observer_by_config(tmp_path: Path, short_tmp: Path) -> None:
 class _NoInotify:
     """An observer that fails like inotify at its watch limit."""
 
+    def __init__(self, *a: object, **k: object) -> None:
+        pass
+
     def schedule(self, *a: object, **k: object) -> None:
         raise OSError(28, "inotify watch limit reached")
 
@@ -343,7 +346,7 @@ class _NoInotify:
 def test_inotify_unavailable_falls_back_to_polling(
     tmp_path: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(watcher_mod, "Observer", _NoInotify)
+    monkeypatch.setattr(watcher_mod, "InotifyObserver", _NoInotify)
     store = make_store(tmp_path / "memory")
     d = _ingest_20(store, short_tmp, before_start=True)
     try:
@@ -356,7 +359,7 @@ def test_no_observer_at_all_the_rescan_still_ingests(
     tmp_path: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every event missed (no observer works): the periodic rescan finds every file."""
-    monkeypatch.setattr(watcher_mod, "Observer", _NoInotify)
+    monkeypatch.setattr(watcher_mod, "InotifyObserver", _NoInotify)
     monkeypatch.setattr(watcher_mod, "PollingObserver", lambda timeout=1.0: _NoInotify())
     store = make_store(tmp_path / "memory")
     d = _ingest_20(store, short_tmp, before_start=True)
