@@ -136,23 +136,24 @@ class WriteContext:
         w = self.w
         w.begin_txn(subject, self.touched_paths())
         batch_sync = w.can_syncfs
-        files: list[tuple[Path, str | None]] = []  # each touched file's new text (None: gone)
+        written: list[str] = []
         for cid in sorted(self._clusters):
-            files.append(self._cluster_text(cid, archived=False))
+            written.append(self._write_or_remove(cid, archived=False))
         for cid in sorted(self._archive):
-            files.append(self._cluster_text(cid, archived=True))
+            written.append(self._write_or_remove(cid, archived=True))
         changes = Changes()
         for name, before in sorted(self._shards.items()):
             mems = self.state.unsorted.get(name, [])
-            if not mems:
+            path = self.paths.shard_file(name)
+            if mems:
+                self._write(path, shard_yaml(mems), fsync=not batch_sync)
+            else:
                 self.state.unsorted.pop(name, None)
-            files.append((self.paths.shard_file(name), shard_yaml(mems) if mems else None))
+                self._write(path, None)
+            written.append(str(path.relative_to(self.paths.root)))
             after = {m.id for m in mems}
             changes.add_unsorted.extend(m for m in mems if m.id not in before)
             changes.remove_unsorted.extend(sorted(before - after))
-        for path, text in files:
-            self._write(path, text, fsync=not batch_sync)
-        written = [str(path.relative_to(self.paths.root)) for path, _text in files]
         if not batch_sync:
             for d in DATA_DIRS:
                 fsync_dir(self.paths.root / d)
@@ -173,7 +174,6 @@ class WriteContext:
             else:
                 changes.remove_clusters.append(cid)
         changes.archive_changed = bool(self._archive)
-        blobs = self._blobs
 
         def commit() -> str | None:
             return w.git.commit(
@@ -182,7 +182,7 @@ class WriteContext:
                 body,
                 trailers,
                 flush=flush if batch_sync else None,
-                expected=blobs,
+                expected=self._blobs,
             )
 
         sha, prepared = w.commit_beside_prepare(commit, changes)
@@ -200,10 +200,14 @@ class WriteContext:
         self.w.publish(Changes(commit=sha))
         return sha
 
-    def _cluster_text(self, cid: str, archived: bool) -> tuple[Path, str | None]:
+    def _write_or_remove(self, cid: str, archived: bool) -> str:
         area = self.state.archived if archived else self.state.clusters
         path = self.paths.cluster_file(cid, archived)
-        return path, cluster_yaml(area[cid]) if cid in area else None
+        if cid in area:
+            self._write(path, cluster_yaml(area[cid]), fsync=not self.w.can_syncfs)
+        else:
+            self._write(path, None)
+        return str(path.relative_to(self.paths.root))
 
     def _write(self, path: Path, text: str | None, fsync: bool = True) -> None:
         """Write (None: remove) one file, and remember the blob it must be in the commit:
