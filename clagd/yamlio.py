@@ -166,13 +166,19 @@ def list_items(items: list[Any]) -> list[str] | None:
     )
     if not text.startswith("- "):
         return None
-    starts = [0]
+    return _items_from(text, 0, len(items))
+
+
+def _items_from(text: str, start: int, count: int) -> list[str] | None:
+    """`text[start:]`, a top-level block list, cut where a line starts with "- " (every
+    other line of an item is indented); None when that does not give `count` parts."""
+    starts = [start]
     find = text.find
-    pos = find("\n- ")
+    pos = find("\n- ", start)
     while pos >= 0:
         starts.append(pos + 1)
         pos = find("\n- ", pos + 1)
-    if len(starts) != len(items):
+    if len(starts) != count:
         return None
     starts.append(len(text))
     return [text[a:b] for a, b in zip(starts, starts[1:])]
@@ -205,16 +211,7 @@ def block_list_texts(text: str, key: str, count: int) -> list[str] | None:
         return None
     if "\r" in text or _NOT_ITEM_LINE.search(text, start - 1 if start else 0) is not None:
         return None
-    starts = [start]
-    find = text.find
-    pos = find("\n- ", start)
-    while pos >= 0:
-        starts.append(pos + 1)
-        pos = find("\n- ", pos + 1)
-    if len(starts) != count:
-        return None
-    starts.append(len(text))
-    return [text[a:b] for a, b in zip(starts, starts[1:])]
+    return _items_from(text, start, count)
 
 
 def load_yaml_file(path: Path, unique_keys: bool = False) -> Any:
