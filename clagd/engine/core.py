@@ -296,6 +296,9 @@ class Engine:
         self.routes.ingested(res.shard if res.deferred else None)
         if self.routes and self.hooks.on_route_waiting is not None:
             self.hooks.on_route_waiting(self.routes.quiet_seconds)
+        if res.deferred and res.shard:
+            # scored now, while the pass waits for the inbox to be quiet
+            self.writer.submit(self._score_op, res.shard)
         return res
 
     # -- the route pass: large batches' memories into their clusters ----------------------
@@ -317,12 +320,31 @@ class Engine:
         if exc is not None:
             log.warning("route pass failed (tried again later): %s", exc)
 
+    def _score_op(self, ctx: WriteContext, shard: str) -> None:
+        """The route answers for a waiting shard's memories, kept for the pass (which uses
+        them only if no cluster changed meanwhile). Writes nothing."""
+        mems = ctx.state.unsorted.get(shard)
+        if not mems or not self.routes.is_waiting(shard):
+            return
+        index = self.index
+        targets = index.route_many(mems)
+        self.routes.keep_scores(shard, index.route_key, dict(zip((m.id for m in mems), targets)))
+
     def _route_op(self, ctx: WriteContext) -> dict[str, Any]:
         # as for ingest: take in a hand edit first, routing rewrites cluster files
         self._outside_op(ctx)
         taken = self.routes.waiting()
+        index = self.index
+        known = self.routes.scores(taken, index.route_key)
+
+        def route(mems: list[Memory]) -> list[str | None]:
+            """The kept answers, and `route_many` for the memories without one."""
+            todo = [m for m in mems if m.id not in known]
+            fresh = dict(zip((m.id for m in todo), index.route_many(todo) if todo else []))
+            return [known[m.id] if m.id in known else fresh[m.id] for m in mems]
+
         try:
-            res = route_shards(ctx, taken, self._route, self.outside.blocked)
+            res = route_shards(ctx, taken, route, self.outside.blocked)
         except BaseException:
             self.counters["route_failures"] += 1
             raise

@@ -5,6 +5,12 @@ A large batch is committed unsorted at once (so nothing waits for routing) and i
 listed here; the pass runs when the inbox has been quiet for `ingest.route_delay_seconds`,
 or at the latest ROUTE_MAX_WAIT after the first waiting batch, so a steady stream of files
 still gets its memories into their clusters. One pass runs at a time.
+
+The pass's scoring is done ahead: right after a large batch is committed, the writer scores
+its shard (`Engine._score_op`) while the pass waits for its quiet, and the answers are kept
+here with the index's `route_key`. The pass uses the answers whose key is still the served
+index's (no cluster changed since: they are the answers it would compute) and scores only
+the rest.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class RouteQueue:
         self._lock = threading.Lock()
         self._running = False
         self._last_ingest = 0.0
+        # shard -> (the index's route_key, {memory id: its cluster or None})
+        self._scored: dict[str, tuple[object, dict[str, str | None]]] = {}
 
     def __len__(self) -> int:
         with self._lock:
@@ -74,6 +82,32 @@ class RouteQueue:
         with self._lock:
             for name in taken:
                 self._pending.pop(name, None)
+                self._scored.pop(name, None)
+
+    def is_waiting(self, shard: str) -> bool:
+        with self._lock:
+            return shard in self._pending
+
+    def keep_scores(self, shard: str, key: object, targets: dict[str, str | None]) -> None:
+        """The route answers for a waiting shard's memories, made on an index with `key`."""
+        with self._lock:
+            if shard in self._pending:
+                self._scored[shard] = (key, targets)
+
+    def scores(self, shards: list[str], key: object) -> dict[str, str | None]:
+        """The kept answers for these shards that were made on an index with `key` (by
+        memory id); those made on another are dropped (a cluster changed since)."""
+        out: dict[str, str | None] = {}
+        with self._lock:
+            for name in shards:
+                got = self._scored.get(name)
+                if got is None:
+                    continue
+                if got[0] is key:
+                    out.update(got[1])
+                else:
+                    del self._scored[name]
+        return out
 
     def release(self, _fut: Future | None = None) -> None:
         """The pass is over, done or not (also when it never ran: the writer was stopping)."""

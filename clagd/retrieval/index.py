@@ -693,11 +693,19 @@ class Index:
         self._c_terms = _TermCache(TERM_CACHE_POSTINGS)
         self._cache: dict[tuple, SearchResult] = {}
         self.cache_hits = 0
+        self._route_key = object()
+
+    @property
+    def route_key(self) -> object:
+        """Stays the same object from one snapshot to the next while no cluster changes
+        (only unsorted memories came or went): `route_many` then gives the same answers, so
+        answers computed on an older snapshot with this key still hold."""
+        return self._route_key
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cache"] = {}
-        for k in ("_dead", "_c_dead", "_uslots", "_m_terms", "_c_terms"):
+        for k in ("_dead", "_c_dead", "_uslots", "_m_terms", "_c_terms", "_route_key"):
             state.pop(k, None)
         return state
 
@@ -705,6 +713,7 @@ class Index:
         if state.get("_format") != self.FORMAT:
             raise ValueError("index snapshot of an older format")
         self.__dict__.update(state)
+        self._route_key = object()
         self._derive()
 
     # ----------------------------------------------------------------- building
@@ -790,6 +799,8 @@ class Index:
         new.__dict__.update(self.__dict__)
         new._cache = {}
         new.cache_hits = 0
+        if upsert or removed:
+            new._route_key = object()
         change.into(new, list(upsert.values()))
         if self.cfg.neighbors == "time":
             ids = [m.id for m in change.new_mems]

@@ -227,3 +227,71 @@ def test_a_file_still_being_written_does_not_hold_the_pass_back(
         assert "slow.txt" not in {p.name for p in (inbox / "rejected").glob("*")}
     finally:
         d.stop()
+
+
+def _route_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many memories each `Index.route_many` call scores, from now on."""
+    from clagd.retrieval.index import Index
+
+    calls: list[int] = []
+    real = Index.route_many
+
+    def counting(self: Index, memories: list[Memory]) -> list[str | None]:
+        calls.append(len(memories))
+        return real(self, memories)
+
+    monkeypatch.setattr(Index, "route_many", counting)
+    return calls
+
+
+def test_the_pass_uses_the_scores_made_while_it_waited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deferred batch is scored by the writer right after its commit; the pass, when no
+    cluster changed meanwhile, moves the memories by those answers without scoring again."""
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        calls = _route_calls(monkeypatch)
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        assert res.deferred and res.shard
+        eng.writer.call(lambda _ctx: None)  # the writer ran what was queued behind the batch
+        assert calls == [6]  # the shard, scored ahead
+        kept = eng.routes.scores([res.shard], eng.index.route_key)
+        assert kept == dict(
+            zip(res.added, eng.index.route_many([m for m in eng.state.unsorted[res.shard]]))
+        )
+        assert sum(cid == "c-0000aaaa" for cid in kept.values()) == 4
+        calls.clear()
+        out = eng.maybe_route(force=True)
+        assert out is not None and out["routed"] == 4 and calls == []
+        cluster = yaml.safe_load((root / "clusters" / "c-0000aaaa.yaml").read_text())
+        assert {m["content"] for m in cluster["memories"]} == set(SAILING + NEW_SAILING)
+        assert_same_as_files(eng)
+    finally:
+        eng.close()
+
+
+def test_scores_made_before_a_cluster_changed_are_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster that changed after the scoring (here a small batch routed into it) may
+    change the answers: the pass scores the waiting memories again, on the index it serves."""
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        eng.writer.call(lambda _ctx: None)
+        key = eng.index.route_key
+        assert len(eng.routes.scores([res.shard or ""], key)) == 6
+        small = eng.ingest(
+            [Item("a sailing boat in the harbour wind, one more trip", None, {})], source="test"
+        )
+        assert small.routed == {"c-0000aaaa": 1}
+        assert eng.index.route_key is not key  # the cluster's profile changed
+        calls = _route_calls(monkeypatch)
+        out = eng.maybe_route(force=True)
+        assert out is not None and out["routed"] == 4 and calls == [6]
+        assert_same_as_files(eng)
+    finally:
+        eng.close()

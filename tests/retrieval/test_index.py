@@ -715,3 +715,23 @@ def test_sorted_set_equals_np_unique():
             got = _sorted_set(slots, n)
             want = np.unique(slots.astype(np.int64))
             assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+def test_the_route_key_changes_exactly_when_a_cluster_does() -> None:
+    """`route_key` says when `route_many` answers made on an older snapshot still hold:
+    the same object while only unsorted memories come and go, a new one for any cluster
+    change, and never taken along in a pickle."""
+    import pickle
+
+    c = Cluster("c-1", "Sailing", memories=[Memory.new("sailing the boat in the harbour")])
+    idx = Index.build([c], [])
+    loose = Memory.new("the harbour wind was strong")
+    more = idx.apply(add_unsorted=[loose])
+    assert more.route_key is idx.route_key
+    assert more.apply(remove_unsorted=[loose.id]).route_key is idx.route_key
+    grown = Cluster("c-1", "Sailing", memories=[*c.memories, Memory.new("boat trip")])
+    assert more.apply(upsert_clusters=[grown]).route_key is not idx.route_key
+    assert more.apply(remove_clusters=["c-1"]).route_key is not idx.route_key
+    copy = pickle.loads(pickle.dumps(more, pickle.HIGHEST_PROTOCOL))
+    assert copy.route_key is not more.route_key
+    assert copy.route_many([loose]) == more.route_many([loose])
