@@ -218,6 +218,8 @@ class Engine:
         change = self._index_change(changes, state)
         if change is None:
             return None
+        if self.hooks.on_index_prepare is not None:
+            self.hooks.on_index_prepare(change)  # the query processes make theirs meanwhile
         return PreparedIndex(self.index, changes, change, change.applied_to(self.index))
 
     def _on_change(

@@ -224,6 +224,7 @@ class Daemon:
             session_runner=engine_session_runner(self.backends),
             backend_status=self._backend_status,
             on_index=self._publish_index,
+            on_index_prepare=self._prepare_index,
             status={
                 "inbox": self._inbox_status,
                 "query_processes": self._query_status,
@@ -288,6 +289,10 @@ class Daemon:
     def _publish_index(self, change: IndexChange) -> None:
         if self.queryprocs is not None:
             self.queryprocs.publish(change)
+
+    def _prepare_index(self, change: IndexChange) -> None:
+        if self.queryprocs is not None:
+            self.queryprocs.prepare(change)
 
     def _query_status(self) -> dict[str, Any]:
         if self.queryprocs is None:

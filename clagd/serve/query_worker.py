@@ -6,7 +6,10 @@ socket, one end of a control socket pair and the daemon's internal address. Over
 control channel the daemon sends the index once (`init`) and then every change its writer
 makes (`apply`, the same `Index.apply` or `Index.build` arguments), each with a version;
 this process applies them in order and answers `applied` with the version, which is what
-lets the daemon answer a write only once every query process serves it. For each query it
+lets the daemon answer a write only once every query process serves it. A change the
+writer is still committing comes first as `prepare`: this process makes its snapshot while
+git runs, and serves it when `commit` comes with the version (a failed commit sends no
+`commit`; the next change replaces what was prepared). For each query it
 answers it reports the memories and clusters it returned (`queried`): the daemon keeps the
 access statistics and counts the rounds that trigger sessions.
 
@@ -58,6 +61,8 @@ class Replica:
         self.index = index
         self.version = version
         self.reported = 0  # `queried` messages sent
+        # (change, the index it was made from, the snapshot it makes): see `prepare`
+        self.pending: tuple[IndexChange, Index, Index] | None = None
         self._send_lock = threading.Lock()
 
     def send(self, msg: tuple[Any, ...]) -> None:
@@ -67,7 +72,23 @@ class Replica:
             if msg[0] == "queried":
                 self.reported += 1
 
+    def prepare(self, change: IndexChange) -> None:
+        """Make the snapshot `change` gives, beside the one served (the daemon is committing
+        it); `commit` serves it."""
+        self.pending = (change, self.index, change.applied_to(self.index))
+
+    def commit(self, version: int) -> None:
+        """The change last prepared was committed: serve its snapshot."""
+        if self.pending is None:
+            raise ClagdError(f"told to serve version {version}, which was never prepared")
+        change, base, made = self.pending
+        self.pending = None
+        self.index = made if base is self.index else change.applied_to(self.index)
+        self.version = version
+        self.send(("applied", version))
+
     def apply(self, version: int, change: IndexChange) -> None:
+        self.pending = None  # a change prepared but not committed (its commit failed)
         self.index = change.applied_to(self.index)
         self.version = version
         self.send(("applied", version))
@@ -233,6 +254,10 @@ def serve(
                 log.info("query process %d serving %d memories", os.getpid(), len(replica.index))
             elif msg[0] == "apply":
                 replica.apply(msg[1], msg[2])
+            elif msg[0] == "prepare":
+                replica.prepare(msg[1])
+            elif msg[0] == "commit":
+                replica.commit(msg[1])
     finally:
         if accepting:
             server.shutdown()

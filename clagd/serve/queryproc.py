@@ -57,6 +57,7 @@ class _Proc:
         self.applied = -1  # the newest version it has applied (-1: none yet)
         self.serving = False  # it caught up with the writer once: queries may go to it
         self.receiving = False  # index changes are queued for it
+        self.prepared: IndexChange | None = None  # the change it was sent to prepare
         self.queries = 0
         self.counted = 0  # `queried` messages taken in from this life of the process
         self.replacing = False  # killed to start again on a re-created socket
@@ -148,16 +149,37 @@ class QueryProcesses:
         self._next = 0
 
     # -- the writer's side ------------------------------------------------------------
-    def publish(self, change: IndexChange) -> None:
-        """The served index changed (writer thread): queue the change for every process
-        that receives changes. Pickled here, once, before the writer goes on."""
-        self.version += 1
+    def prepare(self, change: IndexChange) -> None:
+        """The writer is committing `change` (writer thread, while git runs): every process
+        that receives changes makes the snapshot it gives now, beside the one it serves,
+        and serves it once `publish` brings this same change (a commit that failed brings
+        none: the next `prepare` or `apply` replaces it)."""
         targets = [p for p in self._procs if p.receiving]
         if not targets:
             return
-        data = pickle.dumps(("apply", self.version, change), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(("prepare", change), protocol=pickle.HIGHEST_PROTOCOL)
         for p in targets:
             p.outbox.put(data)
+            p.prepared = change
+
+    def publish(self, change: IndexChange) -> None:
+        """The served index changed (writer thread): queue the change for every process
+        that receives changes. Pickled here, once, before the writer goes on; a process
+        that prepared this change is only told to serve what it made."""
+        self.version += 1
+        data = b""
+        for p in self._procs:
+            if not p.receiving:
+                continue
+            if p.prepared is change:
+                p.outbox.put(pickle.dumps(("commit", self.version)))
+            else:
+                if not data:
+                    data = pickle.dumps(
+                        ("apply", self.version, change), protocol=pickle.HIGHEST_PROTOCOL
+                    )
+                p.outbox.put(data)
+            p.prepared = None
 
     def _init_op(self, _ctx: WriteContext, p: _Proc) -> None:
         """On the writer thread (no change can be half-applied to the index meanwhile): the
@@ -166,6 +188,7 @@ class QueryProcesses:
             ("init", self.version, self.engine.index), protocol=pickle.HIGHEST_PROTOCOL
         )
         p.outbox.put(data)
+        p.prepared = None
         p.receiving = True
 
     # -- reads ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import pytest
 from helpers import git, make_store
 
 from clagd.engine.core import Engine, answer
@@ -100,3 +101,84 @@ def test_the_compute_lock_of_a_query_process_is_taken_in_the_order_asked() -> No
     assert order == list(range(8))
     with lock:  # free again, and taken at once
         pass
+
+
+class _Channel:
+    """The control channel's daemon end, as far as a Replica writes to it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sent.append(pickle.loads(data))
+
+
+def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path: Path) -> None:
+    """The query process's way: each change arrives first as `prepare` (while the writer's
+    git runs) and is served on `commit`; a change the engine made again after the commit
+    (not the prepared object) comes whole as `apply`. Its answers equal the engine's, and it
+    serves a prepared snapshot only once committed."""
+    from clagd.serve.query_worker import Replica
+
+    store = make_store(tmp_path / "m", {"ingest": {"route_inline_max": 5}})
+    channel = _Channel()
+    replica: Replica | None = None
+    prepared: list[object] = []
+    served: list[str] = []
+
+    def on_prepare(change: object) -> None:
+        assert replica is not None
+        before = replica.index
+        replica.prepare(pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)))
+        assert replica.index is before  # not served before its commit
+        prepared.append(change)
+
+    def on_index(change: object) -> None:
+        assert replica is not None
+        version = replica.version + 1
+        if prepared and prepared[-1] is change:
+            replica.commit(version)
+            served.append("commit")
+        else:
+            replica.apply(version, pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)))
+            served.append("apply")
+        prepared.clear()
+        assert channel.sent[-1] == ("applied", version)
+
+    eng = Engine(store, hooks=EngineHooks(on_index=on_index, on_index_prepare=on_prepare))
+    replica = Replica(channel, pickle.loads(pickle.dumps(eng.index)), 0)  # type: ignore[arg-type]
+    topics = ["tea", "garden tomatoes", "meeting monday", "dog walk park", "bike repair"]
+    try:
+        for r in range(4):
+            eng.add([{"content": f"{t} note {r} {i}"} for i, t in enumerate(topics)])
+        eng.add([{"content": f"{topics[i % 5]} bulk {i}"} for i in range(40)])
+        eng.maybe_route(wait=True)
+        assert eng.recluster("manual")["status"] in ("accepted", "noop")
+        assert served.count("commit") >= 6, served
+        assert len(replica.index) == len(eng.index)
+        for q in QUERIES:
+            assert answer(replica.index, QueryParams(q))[0] == answer(eng.index, QueryParams(q))[0]
+    finally:
+        eng.close()
+
+
+def test_a_prepared_change_whose_commit_failed_is_never_served() -> None:
+    from clagd.engine.hooks import IndexChange
+    from clagd.errors import ClagdError
+    from clagd.model import Memory
+    from clagd.serve.query_worker import Replica
+
+    channel = _Channel()
+    base = Index.build([], [Memory.new("the first note")])
+    replica = Replica(channel, base, 3)  # type: ignore[arg-type]
+    failed = IndexChange(add_unsorted=(Memory.new("a note whose commit failed"),))
+    replica.prepare(failed)
+    assert replica.index is base and replica.version == 3
+    landed = IndexChange(add_unsorted=(Memory.new("the note that was committed"),))
+    replica.apply(4, landed)  # the next change comes whole: what was prepared is dropped
+    assert replica.pending is None and replica.version == 4
+    texts = {h.memory.content for h in replica.index.search("note", max_memories=10).memories}
+    assert texts == {"the first note", "the note that was committed"}
+    with pytest.raises(ClagdError, match="never prepared"):
+        replica.commit(5)
+    assert replica.version == 4 and channel.sent == [("applied", 4)]
