@@ -419,3 +419,40 @@ def test_is_data_path_splits_as_pathlib_would() -> None:
     assert seen == {True, False}
     assert is_data_path("clusters/c-0000aaaa.yaml") and is_data_path("./clusters/c-0000aaaa.yaml")
     assert not is_data_path("clusters/c-0000aaaa.yaml~")
+
+
+def test_the_ignored_files_listing_is_made_again_whenever_a_folder_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status` lists the memory folders' other files on every call; a folder is listed
+    again only when its mtime moved, and always while that mtime is too recent to trust."""
+    import time
+
+    from clagd.store import files
+
+    root, _ = init_store(tmp_path / "m")
+    listed: list[str] = []
+    real = os.listdir
+
+    def counting(path: str) -> list[str]:
+        listed.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(files.os, "listdir", counting)
+    old = time.time() - 60
+    for d in ("clusters", "archive", "unsorted"):
+        os.utime(root / d, (old, old))
+    assert files.ignored_files(root) == []
+    assert sorted(listed) == ["archive", "clusters", "unsorted"]
+    listed.clear()
+    assert files.ignored_files(root) == [] and listed == []  # nothing changed: no listing
+    (root / "clusters" / "notes.md").write_text("a person's notes\n")
+    assert files.ignored_files(root) == ["clusters/notes.md"] and listed == ["clusters"]
+    listed.clear()
+    # changed just now: listed at every call, a second change in the same clock tick
+    # could leave the folder's mtime as it is
+    (root / "unsorted" / "export.yaml").write_text("x: 1\n")
+    for _ in range(2):
+        assert files.ignored_files(root) == ["clusters/notes.md", "unsorted/export.yaml"]
+    assert listed.count("unsorted") == 2
+    assert files.ignored_files(root, limit=1) == ["clusters/notes.md"]
