@@ -192,9 +192,16 @@ def test_a_file_moved_in_from_another_folder_is_read_at_once(
         d.stop()
 
 
-def test_two_bursts_are_ingested_back_to_back(tmp_path: Path, short_tmp: Path) -> None:
+def test_two_bursts_are_ingested_back_to_back(
+    tmp_path: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A burst that arrives while the last one is being committed is taken right after that
     commit: not after another debounce (the deletions of the last batch are no events)."""
+    from clagd.ingest import watcher as watcher_mod
+
+    # the whole 3-s debounce for any burst, as a slow writer gets it: a pass that waited
+    # for one after the commit would take longer than the 2 s allowed below
+    monkeypatch.setattr(watcher_mod, "DEBOUNCE_MIN_GAPS", 10**9)
     store = make_store(
         tmp_path / "memory", {"inbox": {"settle_seconds": 30.0, "debounce_seconds": 3.0}}
     )
@@ -260,3 +267,36 @@ def test_start_up_takes_in_the_inbox_without_a_debounce(tmp_path: Path) -> None:
         assert sum(taken) == 3
     finally:
         full.stop()
+
+
+def test_the_debounce_is_short_for_a_burst_written_in_a_tight_loop(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """With `debounce_seconds` 3, thirty files renamed in one after the other are one
+    commit well before 3 s: the quiet waited for is a few times the gaps between them."""
+    store = make_store(
+        tmp_path / "memory", {"inbox": {"settle_seconds": 30.0, "debounce_seconds": 3.0}}
+    )
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    inbox = store / "inbox"
+    try:
+        for i in range(30):
+            _rename_in(inbox, f"t{i:02d}.json", json.dumps({"content": f"tight loop note {i}"}))
+        t0 = time.monotonic()
+        wait_for(lambda: not any(p.is_file() for p in inbox.iterdir()), 20, "the burst")
+        assert time.monotonic() - t0 < 1.5
+        added = git(store, "log", "--format=%(trailers:key=Clagd-Added,valueonly)").split()
+        assert added[0] == "30"  # one commit for the burst
+    finally:
+        d.stop()
+
+
+def test_the_quiet_waited_for_follows_the_gaps_between_a_bursts_files() -> None:
+    from clagd.ingest.watcher import DEBOUNCE_MIN_SECONDS, quiet_needed
+
+    assert quiet_needed([], 0.3) == 0.3  # one file: the whole debounce
+    assert quiet_needed([0.001, 0.002], 0.3) == 0.3  # too few gaps to go by
+    assert quiet_needed([0.0002] * 10, 0.3) == DEBOUNCE_MIN_SECONDS  # a tight loop
+    assert quiet_needed([0.001, 0.02, 0.002], 0.3) == pytest.approx(0.08)  # its longest gap
+    assert quiet_needed([0.1, 0.1, 0.1], 0.3) == 0.3  # a slow writer: never past the debounce
+    assert quiet_needed([0.0002] * 10, 0.01) == 0.01  # nor past a debounce below the minimum
