@@ -77,8 +77,15 @@ class Engine:
         self._archived = dict(state.archived)
         self.known = state.memory_ids()
         self.stats = AccessStats(self.paths.runtime / "stats.json")
+        # the change told to the query processes before its files were written
+        self._announced: tuple[Changes, IndexChange] | None = None
         self.writer = Writer(
-            self.root, state, self.git, on_change=self._on_change, prepare=self._prepare_index
+            self.root,
+            state,
+            self.git,
+            on_change=self._on_change,
+            prepare=self._prepare_index,
+            announce=self._announce_index,
         )
         self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
@@ -212,14 +219,29 @@ class Engine:
             )
         return None
 
+    def _announce_index(self, changes: Changes, state: StoreState) -> None:
+        """A commit's files are about to be written: the query processes (`on_index_prepare`)
+        make their next snapshot while they are written and committed, on the other core."""
+        self._announced = None
+        if self.hooks.on_index_prepare is None:
+            return
+        change = self._index_change(changes, state)
+        if change is not None:
+            self._announced = (changes, change)
+            self.hooks.on_index_prepare(change)
+
     def _prepare_index(self, changes: Changes, state: StoreState) -> PreparedIndex | None:
         """The snapshot a commit will publish, made while git builds the commit (the writer
         calls it beside the commit; nothing is served from it before the commit exists)."""
-        change = self._index_change(changes, state)
+        announced, self._announced = self._announced, None
+        if announced is not None and announced[0] is changes:
+            change: IndexChange | None = announced[1]
+        else:
+            change = self._index_change(changes, state)
+            if change is not None and self.hooks.on_index_prepare is not None:
+                self.hooks.on_index_prepare(change)  # the query processes make theirs meanwhile
         if change is None:
             return None
-        if self.hooks.on_index_prepare is not None:
-            self.hooks.on_index_prepare(change)  # the query processes make theirs meanwhile
         return PreparedIndex(self.index, changes, change, change.applied_to(self.index))
 
     def _on_change(

@@ -84,7 +84,7 @@ class EngineHooks:
     refiner: Refiner | None = None
     # the served index changed (called on the writer thread, right after the swap)
     on_index: Callable[[IndexChange], None] | None = None
-    # the writer is committing this change (called on the writer thread while git runs):
-    # a copy of the index may make its next snapshot now, to serve it only once `on_index`
-    # brings the same change object (a commit that fails brings none)
+    # the writer is committing this change (called on the writer thread before it writes
+    # the files): a copy of the index may make its next snapshot now, to serve it only once
+    # `on_index` brings the same change object (a commit that fails brings none)
     on_index_prepare: Callable[[IndexChange], None] | None = None

@@ -150,8 +150,9 @@ class QueryProcesses:
 
     # -- the writer's side ------------------------------------------------------------
     def prepare(self, change: IndexChange) -> None:
-        """The writer is committing `change` (writer thread, while git runs): every process
-        that receives changes makes the snapshot it gives now, beside the one it serves,
+        """The writer is committing `change` (writer thread, before it writes the files):
+        every process that receives changes makes the snapshot it gives now, beside the one
+        it serves,
         and serves it once `publish` brings this same change (a commit that failed brings
         none: the next `prepare` or `apply` replaces it)."""
         targets = [p for p in self._procs if p.receiving]

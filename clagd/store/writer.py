@@ -134,6 +134,24 @@ class WriteContext:
         own fsync per object). A crash before the commit is undone at start-up from the
         marker, a crash after it loses nothing."""
         w = self.w
+        changes = Changes()
+        shards: list[tuple[str, list[Memory]]] = []
+        for name, before in sorted(self._shards.items()):
+            mems = self.state.unsorted.get(name, [])
+            if not mems:
+                self.state.unsorted.pop(name, None)
+            shards.append((name, mems))
+            after = {m.id for m in mems}
+            changes.add_unsorted.extend(m for m in mems if m.id not in before)
+            changes.remove_unsorted.extend(sorted(before - after))
+        for cid in sorted(self._clusters):
+            if cid in self.state.clusters:
+                changes.upsert_clusters.append(self.state.clusters[cid])
+            else:
+                changes.remove_clusters.append(cid)
+        changes.archive_changed = bool(self._archive)
+        if w.announce is not None and not changes.empty:
+            w.announce(changes, self.state)  # the readers' copies start on it now
         w.begin_txn(subject, self.touched_paths())
         batch_sync = w.can_syncfs
         written: list[str] = []
@@ -141,19 +159,10 @@ class WriteContext:
             written.append(self._write_or_remove(cid, archived=False))
         for cid in sorted(self._archive):
             written.append(self._write_or_remove(cid, archived=True))
-        changes = Changes()
-        for name, before in sorted(self._shards.items()):
-            mems = self.state.unsorted.get(name, [])
+        for name, mems in shards:
             path = self.paths.shard_file(name)
-            if mems:
-                self._write(path, shard_yaml(mems), fsync=not batch_sync)
-            else:
-                self.state.unsorted.pop(name, None)
-                self._write(path, None)
+            self._write(path, shard_yaml(mems) if mems else None, fsync=not batch_sync)
             written.append(str(path.relative_to(self.paths.root)))
-            after = {m.id for m in mems}
-            changes.add_unsorted.extend(m for m in mems if m.id not in before)
-            changes.remove_unsorted.extend(sorted(before - after))
         if not batch_sync:
             for d in DATA_DIRS:
                 fsync_dir(self.paths.root / d)
@@ -167,13 +176,6 @@ class WriteContext:
                 for d in DATA_DIRS:
                     fsync_dir(self.paths.root / d)
                 os.sync()  # and the objects git wrote without fsync (paths not known here)
-
-        for cid in sorted(self._clusters):
-            if cid in self.state.clusters:
-                changes.upsert_clusters.append(self.state.clusters[cid])
-            else:
-                changes.remove_clusters.append(cid)
-        changes.archive_changed = bool(self._archive)
 
         def commit() -> str | None:
             return w.git.commit(
@@ -314,6 +316,7 @@ class Writer:
         git: GitStore,
         on_change: Callable[[Changes, StoreState, Any], None] | None = None,
         prepare: Callable[[Changes, StoreState], Any] | None = None,
+        announce: Callable[[Changes, StoreState], None] | None = None,
     ) -> None:
         self.paths = Paths(Path(root))
         self.state = state
@@ -323,6 +326,10 @@ class Writer:
         # index snapshot) while git builds the commit: `prepared` is its result, or None
         self.on_change = on_change
         self.prepare = prepare
+        # announce(changes, state), when given, hears of a commit's changes before its files
+        # are written (the query processes make their next snapshot meanwhile); it must not
+        # touch git or the files, and a failure of the commit after it sends nothing more
+        self.announce = announce
         # git's commit runs on this thread while the writer thread prepares (started by the
         # writer thread, it is as nice as the writer; its name is one lower_priority knows)
         self._git_thread = ThreadPoolExecutor(1, thread_name_prefix="clagd-writer-git")
