@@ -182,3 +182,23 @@ def test_a_prepared_change_whose_commit_failed_is_never_served() -> None:
     with pytest.raises(ClagdError, match="never prepared"):
         replica.commit(5)
     assert replica.version == 4 and channel.sent == [("applied", 4)]
+
+
+def test_a_change_is_sent_to_prepare_before_its_files_are_written(tmp_path: Path) -> None:
+    """The query processes make their snapshot while the writer writes the files and git
+    commits them: the change reaches them before either has happened."""
+    store = make_store(tmp_path / "m")
+    seen: list[tuple[bool, str]] = []
+
+    def on_prepare(change: object) -> None:
+        on_disk = any("a note announced early" in p.read_text() for p in store.rglob("*.yaml"))
+        seen.append((on_disk, git(store, "rev-parse", "HEAD").strip()))
+
+    eng = Engine(store, hooks=EngineHooks(on_index_prepare=on_prepare))
+    try:
+        head = git(store, "rev-parse", "HEAD").strip()
+        out = eng.add([{"content": "a note announced early"}])
+        assert seen == [(False, head)]
+        assert git(store, "rev-parse", "HEAD").strip() == out["commit"] != head
+    finally:
+        eng.close()
