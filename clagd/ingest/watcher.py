@@ -116,7 +116,7 @@ class InboxWatcher:
         self._inbox_ino: int | None = None
         self._last_event = 0.0
         self._gaps: deque[float] = deque(maxlen=DEBOUNCE_WINDOW)  # of this burst's events
-        self._busy_until = 0.0  # end of the last pass that handled files (inf: one runs)
+        self._busy_until = 0.0  # inf while a pass runs or one that handled files just ended
         self.files_ingested = 0
         self.files_rejected = 0
         self.failures = 0
@@ -208,9 +208,10 @@ class InboxWatcher:
         self._wake.set()
 
     def quiet_for(self) -> float:
-        """Seconds since the inbox last saw a file arrive or a pass that handled files end
-        (0 while a pass runs): the route pass waits for a burst to end, not for a pause
-        inside it."""
+        """Seconds since the inbox last saw a file arrive (0 while a pass runs, and until
+        the pass after one that handled files has found the inbox empty): the route pass
+        waits for a burst to end, not for a pause inside it. Once the inbox is drained the
+        quiet counts from the burst's last file, not from the end of its commit."""
         return max(0.0, time.monotonic() - max(self._last_event, self._busy_until))
 
     def stop(self) -> None:
@@ -248,16 +249,17 @@ class InboxWatcher:
             # meanwhile is ready now, and the deletions of the last batch are no reason to
             # wait. Only a pass that found nothing waits for an event, a timer or the rescan.
             self._wake.clear()
-            # quiet_for is 0 while a pass runs; a pass that handled nothing (the check after
-            # a batch, a settle timer, the rescan) does not end the quiet that came before
-            was_busy_until, self._busy_until = self._busy_until, float("inf")
+            # quiet_for is 0 while a pass runs and until the pass after one that handled
+            # files (it runs at once) finds nothing; a pass that handled nothing (that
+            # check, a settle timer, the rescan) leaves the quiet since the last file
+            self._busy_until = float("inf")
             try:
                 busy = self.process() > 0
             except Exception as exc:  # noqa: BLE001 - the inbox loop never stops
                 self.loop_errors += 1
                 self._fail(exc)
                 busy = False
-            self._busy_until = time.monotonic() if busy else was_busy_until
+            self._busy_until = float("inf") if busy else 0.0
             self._check_backlog()
         try:
             self.process()
@@ -266,8 +268,8 @@ class InboxWatcher:
 
     def _debounce(self) -> None:
         """Let a burst of files finish arriving (one commit, not many), but never wait long:
-        until the inbox has been quiet for `quiet_needed`, re-checked whenever that would
-        have run out (an event meanwhile moves it on)."""
+        until the inbox has been quiet for `quiet_needed`, re-checked at least every
+        DEBOUNCE_MIN_SECONDS (the events that come meanwhile shorten or lengthen it)."""
         started = time.monotonic()
         longest = 5 * self.cfg.debounce_seconds + 1
         while not self._stop.is_set():
@@ -276,7 +278,7 @@ class InboxWatcher:
             left = min(need - (now - self._last_event), longest - (now - started))
             if left <= 0:
                 return
-            time.sleep(left + 0.001)
+            time.sleep(min(left, DEBOUNCE_MIN_SECONDS) + 0.001)
 
     def process(self) -> int:
         """One pass: ingest every complete file, reject the malformed. Returns files handled."""
