@@ -336,7 +336,7 @@ class Engine:
             self.outside.blocked,
             route_limit=self.config.ingest.route_inline_max,
         )
-        self.routes.ingested(res.shard if res.deferred else None)
+        self.routes.ingested(res.shard if res.deferred else None, source)
         if self.routes and self.hooks.on_route_waiting is not None:
             self.hooks.on_route_waiting(self.routes.quiet_seconds)
         if res.deferred and res.shard and self._asked is None:
@@ -348,10 +348,13 @@ class Engine:
     def route_due(self, now: float | None = None) -> bool:
         return self.routes.due(now)
 
-    def maybe_route(self, force: bool = False, wait: bool = True) -> dict[str, Any] | None:
-        """Run the route pass when it is due (or waiting at all, with `force`). With
-        `wait=False` (housekeeping) it is queued on the writer and this returns at once."""
-        if not self.routes.claim(force):
+    def maybe_route(
+        self, force: bool = False, wait: bool = True, inbox_quiet: bool = False
+    ) -> dict[str, Any] | None:
+        """Run the route pass when it is due (or waiting at all, with `force`; see
+        `RouteQueue.due` for `inbox_quiet`). With `wait=False` (housekeeping) it is queued
+        on the writer and this returns at once."""
+        if not self.routes.claim(force, inbox_quiet):
             return None
         fut = self.writer.submit(self._route_op)
         fut.add_done_callback(self._route_done)

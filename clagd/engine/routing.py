@@ -38,6 +38,7 @@ class RouteQueue:
         self._answer = threading.Condition(self._lock)
         self._running = False
         self._last_ingest = 0.0
+        self._last_source = ""  # where the last batch came from ("inbox", "socket", ...)
         # shard (or "ask-N") -> (the index's route_key, {memory id: its cluster or None})
         self._scored: dict[str, tuple[object, dict[str, str | None]]] = {}
         # asks sent to a query process and not answered yet: N -> (route_key, memory ids)
@@ -48,32 +49,37 @@ class RouteQueue:
         with self._lock:
             return len(self._pending)
 
-    def ingested(self, deferred_shard: str | None) -> None:
-        """An ingest batch was committed; `deferred_shard` names its shard when the batch's
-        routing was left to a pass."""
+    def ingested(self, deferred_shard: str | None, source: str = "") -> None:
+        """An ingest batch from `source` was committed; `deferred_shard` names its shard
+        when the batch's routing was left to a pass."""
         now = time.monotonic()
         self._last_ingest = now
+        self._last_source = source
         if deferred_shard:
             with self._lock:
                 self._pending[deferred_shard] = now
 
-    def due(self, now: float | None = None) -> bool:
-        """A pass is waiting and the inbox has been quiet long enough (or waited too long)."""
+    def due(self, now: float | None = None, inbox_quiet: bool = False) -> bool:
+        """A pass is waiting and no batch has been committed for `quiet_seconds` (or one
+        waited too long). `inbox_quiet`: the inbox is drained and has had no file arrive
+        for as long (the watcher knows), which is enough when the last batch came from it:
+        the burst is over, even if its commit ended only now."""
         with self._lock:
             if not self._pending:
                 return False
             oldest = min(self._pending.values())
         now = time.monotonic() if now is None else now
         quiet = now - self._last_ingest >= self.quiet_seconds
-        return quiet or now - oldest >= ROUTE_MAX_WAIT
+        settled = inbox_quiet and self._last_source == "inbox"
+        return quiet or settled or now - oldest >= ROUTE_MAX_WAIT
 
-    def claim(self, force: bool) -> bool:
+    def claim(self, force: bool, inbox_quiet: bool = False) -> bool:
         """Mark a pass as running when one should start now (any waiting shard, with
         `force`); False when none is waiting, one is running, or it is not due yet."""
         with self._lock:
             if self._running or not self._pending:
                 return False
-        if not (force or self.due()):
+        if not (force or self.due(inbox_quiet=inbox_quiet)):
             return False
         with self._lock:
             self._running = True

@@ -116,6 +116,8 @@ class InboxWatcher:
         self._inbox_ino: int | None = None
         self._last_event = 0.0
         self._gaps: deque[float] = deque(maxlen=DEBOUNCE_WINDOW)  # of this burst's events
+        # called when a pass finds the inbox empty right after one that handled files
+        self.on_drained: Callable[[], None] | None = None
         self._busy_until = 0.0  # inf while a pass runs or one that handled files just ended
         self.files_ingested = 0
         self.files_rejected = 0
@@ -252,7 +254,7 @@ class InboxWatcher:
             # quiet_for is 0 while a pass runs and until the pass after one that handled
             # files (it runs at once) finds nothing; a pass that handled nothing (that
             # check, a settle timer, the rescan) leaves the quiet since the last file
-            self._busy_until = float("inf")
+            was_busy, self._busy_until = self._busy_until == float("inf"), float("inf")
             try:
                 busy = self.process() > 0
             except Exception as exc:  # noqa: BLE001 - the inbox loop never stops
@@ -260,6 +262,8 @@ class InboxWatcher:
                 self._fail(exc)
                 busy = False
             self._busy_until = float("inf") if busy else 0.0
+            if was_busy and not busy and self.on_drained is not None:
+                self.on_drained()
             self._check_backlog()
         try:
             self.process()

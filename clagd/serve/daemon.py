@@ -186,6 +186,8 @@ class Daemon:
         self.watcher = InboxWatcher(
             self.paths.inbox, cfg.inbox, lambda items, files: eng.ingest(items, "inbox", files)
         )
+        # a burst's route pass starts once the inbox is empty, if no file came meanwhile
+        self.watcher.on_drained = self._route_if_due
         self.scheduler = Scheduler(
             session=lambda trigger: eng.recluster(trigger),
             archive=lambda: eng.archive(),
@@ -352,7 +354,7 @@ class Daemon:
 
     def _route_if_due(self) -> None:
         eng = self.engine
-        if eng is None or self.stop_event.is_set():
+        if eng is None or self.stop_event.is_set() or not eng.routes:
             return
         # files still arriving (or being ingested): wait for the burst to end, so it is
         # routed in one pass that does not hold the writer up in the middle of it
@@ -361,7 +363,8 @@ class Daemon:
         if left > 0:
             self._route_soon(left)
             return
-        eng.maybe_route(wait=False)  # a failure is logged and retried by housekeeping
+        # a failure is logged and retried by housekeeping
+        eng.maybe_route(wait=False, inbox_quiet=self.watcher is not None)
 
     def _on_threshold(self, why: str) -> None:
         if self.scheduler is not None:

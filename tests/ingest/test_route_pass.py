@@ -338,3 +338,46 @@ def test_answers_asked_of_a_query_process_are_used_or_given_up(
         assert_same_as_files(eng)
     finally:
         eng.close()
+
+
+def test_an_inbox_burst_is_routed_once_the_inbox_is_empty_not_a_quiet_after_its_commit(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """The inbox has had no file arrive for route_delay_seconds while the burst's commit
+    was still being made (slow, here): the pass starts when the inbox is found empty after
+    that commit, not another route_delay_seconds later."""
+    import threading
+
+    root = _store(tmp_path, route_inline_max=2, route_delay_seconds=1.5)
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    watcher = d.daemon.watcher
+    real_ingest = watcher.ingest
+    committed = threading.Event()
+    at: list[float] = []
+
+    def slow_ingest(items: list, files: int) -> object:
+        # a commit that takes longer than the quiet the pass waits for
+        # (quiet_for says 0 during a pass: the time since the last file event itself)
+        wait_for(lambda: time.monotonic() - watcher._last_event > 1.7, 30, "1.7 s quiet")
+        out = real_ingest(items, files)
+        at.append(time.monotonic())
+        committed.set()
+        return out
+
+    watcher.ingest = slow_ingest
+    inbox = root / "inbox"
+    try:
+        for i, text in enumerate(NEW_SAILING + OTHER):
+            (inbox / ".tmp" / f"s{i}.json").write_text(json.dumps({"content": text}))
+            (inbox / ".tmp" / f"s{i}.json").rename(inbox / f"s{i}.json")
+        assert committed.wait(30)
+
+        def routed() -> bool:
+            with d.client() as c:
+                st = c.status()
+            return st["counters"]["routed"] == 4 and st["route_pending"] == 0
+
+        wait_for(routed, 10, "the route pass")
+        assert time.monotonic() - at[0] < 1.0  # not 1.5 s after the commit
+    finally:
+        d.stop()
