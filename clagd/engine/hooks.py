@@ -5,7 +5,7 @@ instead of being set on it afterwards."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clagd.model import Cluster, Memory
@@ -37,39 +37,6 @@ class IndexChange:
     remove_clusters: tuple[str, ...] = ()
     add_unsorted: tuple[Memory, ...] = ()
     remove_unsorted: tuple[str, ...] = ()
-
-    def to_wire(self, base: Index) -> tuple:
-        """This change for a copy of `base` (a query process's): the upserted clusters'
-        members that `base` holds as these very objects go as their ids, which the copy
-        takes from its own snapshot, so a route pass's 500 clusters of 50 are not pickled
-        and unpickled member by member (8.5 MB, 0.05 s here and 0.1 s there), and the copy
-        keeps their slots at once. A memory changed in place would go as its id: memories
-        are replaced, never changed, once stored (`organize/plan.py`)."""
-        if self.build:
-            return ("whole", self)
-        clusters = []
-        for c in self.upsert_clusters:
-            refs: list[str | Memory] = [m.id if base.stored(m.id) is m else m for m in c.memories]
-            clusters.append((replace(c, memories=[]), refs))
-        return ("refs", clusters, self.remove_clusters, self.add_unsorted, self.remove_unsorted)
-
-    @staticmethod
-    def from_wire(wire: tuple, base: Index) -> IndexChange:
-        """The change `to_wire` made for `base`, taking the members it named from `base`."""
-        if wire[0] == "whole":
-            change: IndexChange = wire[1]
-            return change
-        _, clusters, remove_clusters, add_unsorted, remove_unsorted = wire
-        upsert = []
-        for c, refs in clusters:
-            mems = []
-            for r in refs:
-                m = base.stored(r) if isinstance(r, str) else r
-                if m is None:
-                    raise ValueError(f"the change names memory {r}, which this copy lacks")
-                mems.append(m)
-            upsert.append(replace(c, memories=mems))
-        return IndexChange(False, tuple(upsert), remove_clusters, add_unsorted, remove_unsorted)
 
     def applied_to(self, index: Index) -> Index:
         """The snapshot this change makes of `index`: what the engine serves after it, and

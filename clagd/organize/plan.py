@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clagd.errors import ClagdError
@@ -558,11 +558,7 @@ class _Applying:
                 del drop_c.supersedes[newer]
             merged = list(keep.metadata.get("merged") or [])
             merged.append({"id": drop.id, "content": drop.content, "created_at": drop.created_at})
-            # a new object, not the stored one changed in place: the index and its copies
-            # take a stored memory object as unchanged (`IndexChange.to_wire`)
-            at = next(i for i, m in enumerate(keep_c.memories) if m is keep)
-            keep = replace(keep, metadata={**keep.metadata, "merged": merged})
-            keep_c.memories[at] = keep
+            keep.metadata["merged"] = merged
             self.mark_cluster(keep_c.id)
             self.mark_cluster(drop_c.id)
             self.out.dropped.append(drop)

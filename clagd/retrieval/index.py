@@ -747,11 +747,6 @@ class Index:
     def memory_ids(self) -> set[str]:
         return {mid for mid, _ in self._slot_of.items()}
 
-    def stored(self, mid: str) -> Memory | None:
-        """The memory object this snapshot holds under `mid` (None: it holds none)."""
-        slot = self._slot_of.get(mid)
-        return self._mems[slot] if slot is not None else None
-
     def _tokens(self, text: str) -> list[str]:
         return tokenize(text, stem=self.cfg.stemmer, stopwords=self.cfg.stopwords)
 

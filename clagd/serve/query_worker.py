@@ -73,14 +73,13 @@ class Replica:
             if msg[0] == "queried":
                 self.reported += 1
 
-    def prepare(self, wire: tuple, ask: int | None = None) -> None:
+    def prepare(self, change: IndexChange, ask: int | None = None) -> None:
         """Make the snapshot `change` gives, beside the one served (the daemon is committing
         it); `commit` serves it. With `ask`, the memories it adds are a batch for the
         daemon's route pass: they are scored on a thread of their own (on the snapshot
         served now, whose clusters the change leaves as they are), and the answers sent as
         `scored`, while this thread goes on with the channel."""
         base = self.index
-        change = IndexChange.from_wire(wire, base)
         if ask is not None:
             mems = list(change.add_unsorted)
             threading.Thread(

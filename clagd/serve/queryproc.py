@@ -162,12 +162,10 @@ class QueryProcesses:
         if not targets:
             return False
         scorer = next((p for p in targets if p.serving), None) if ask is not None else None
-        # every process serves the engine's snapshot now (this change is not published)
-        wire = change.to_wire(self.engine.index)
-        data = pickle.dumps(("prepare", wire, None), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(("prepare", change, None), protocol=pickle.HIGHEST_PROTOCOL)
         for p in targets:
             if p is scorer:
-                p.outbox.put(pickle.dumps(("prepare", wire, ask), pickle.HIGHEST_PROTOCOL))
+                p.outbox.put(pickle.dumps(("prepare", change, ask), pickle.HIGHEST_PROTOCOL))
                 p.asked.add(ask)  # type: ignore[arg-type]
             else:
                 p.outbox.put(data)

@@ -142,8 +142,7 @@ def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path:
     def on_prepare(change: object, ask: int | None) -> bool:
         assert replica is not None
         before = replica.index
-        wire = change.to_wire(eng.index)  # type: ignore[attr-defined]
-        replica.prepare(pickle.loads(pickle.dumps(wire, pickle.HIGHEST_PROTOCOL)), ask)
+        replica.prepare(pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)), ask)
         assert replica.index is before  # not served before its commit
         prepared.append(change)
         return True
@@ -190,7 +189,7 @@ def test_a_prepared_change_whose_commit_failed_is_never_served() -> None:
     base = Index.build([], [Memory.new("the first note")])
     replica = Replica(channel, base, 3)  # type: ignore[arg-type]
     failed = IndexChange(add_unsorted=(Memory.new("a note whose commit failed"),))
-    replica.prepare(failed.to_wire(base))
+    replica.prepare(failed)
     assert replica.index is base and replica.version == 3
     landed = IndexChange(add_unsorted=(Memory.new("the note that was committed"),))
     replica.apply(4, landed)  # the next change comes whole: what was prepared is dropped
@@ -221,33 +220,3 @@ def test_a_change_is_sent_to_prepare_before_its_files_are_written(tmp_path: Path
         assert git(store, "rev-parse", "HEAD").strip() == out["commit"] != head
     finally:
         eng.close()
-
-
-def test_a_change_on_the_wire_names_the_members_the_copy_has_and_sends_the_rest() -> None:
-    """`IndexChange.to_wire`: the members a copy already holds go as their ids and come
-    back as the copy's own objects; a member replaced by a new object (a merge's metadata)
-    or a new one goes whole. Applied, the copy answers as the original."""
-    import dataclasses
-
-    from clagd.engine.hooks import IndexChange
-    from clagd.model import Cluster, Memory
-
-    old = [Memory.new(f"sailing the boat, trip {i}") for i in range(3)]
-    base = Index.build([Cluster("c-1", "Sailing", memories=old)], [])
-    copy = pickle.loads(pickle.dumps(base, pickle.HIGHEST_PROTOCOL))
-    merged = dataclasses.replace(old[2], metadata={"merged": [{"id": "m-x"}]})
-    grown = Cluster("c-1", "Sailing", memories=[old[0], old[1], merged, Memory.new("boat trip")])
-    change = IndexChange(upsert_clusters=(grown,))
-    wire = pickle.loads(pickle.dumps(change.to_wire(base), pickle.HIGHEST_PROTOCOL))
-    refs = wire[1][0][1]
-    assert refs[:2] == [old[0].id, old[1].id] and isinstance(refs[2], Memory)
-    got = IndexChange.from_wire(wire, copy).upsert_clusters[0]
-    assert got.memories[0] is copy.stored(old[0].id)
-    assert got.memories[2].metadata == {"merged": [{"id": "m-x"}]}
-    assert [m.id for m in got.memories] == [m.id for m in grown.memories]
-    mine = IndexChange.from_wire(wire, copy).applied_to(copy)
-    theirs = change.applied_to(base)
-    for q in ("sailing boat", "boat trip", "trip 2"):
-        assert answer(mine, QueryParams(q))[0] == answer(theirs, QueryParams(q))[0]
-    with pytest.raises(ValueError, match="lacks"):
-        IndexChange.from_wire(wire, Index.build([], []))
