@@ -79,7 +79,6 @@ class Engine:
         self.stats = AccessStats(self.paths.runtime / "stats.json")
         # the change told to the query processes before its files were written
         self._announced: tuple[Changes, IndexChange] | None = None
-        self._asked: int | None = None  # the ask a query process took for the last batch
         self.writer = Writer(
             self.root,
             state,
@@ -227,26 +226,9 @@ class Engine:
         if self.hooks.on_index_prepare is None:
             return
         change = self._index_change(changes, state)
-        if change is None:
-            return
-        self._announced = (changes, change)
-        ask = None
-        if self._deferred_batch(change):
-            # a batch the route pass will take: a query process scores it now, on its core
-            ask = self.routes.ask(self.index.route_key, [m.id for m in change.add_unsorted])
-            self._asked = ask
-        if not self.hooks.on_index_prepare(change, ask) and ask is not None:
-            self.routes.answered(ask, None)  # no process took it
-            self._asked = None
-
-    def _deferred_batch(self, change: IndexChange) -> bool:
-        """Only memories added unsorted, more than a batch routes in its own commit."""
-        return (
-            not change.build
-            and not change.upsert_clusters
-            and not change.remove_clusters
-            and len(change.add_unsorted) > self.config.ingest.route_inline_max
-        )
+        if change is not None:
+            self._announced = (changes, change)
+            self.hooks.on_index_prepare(change)
 
     def _prepare_index(self, changes: Changes, state: StoreState) -> PreparedIndex | None:
         """The snapshot a commit will publish, made while git builds the commit (the writer
@@ -257,7 +239,7 @@ class Engine:
         else:
             change = self._index_change(changes, state)
             if change is not None and self.hooks.on_index_prepare is not None:
-                self.hooks.on_index_prepare(change, None)  # the query processes make theirs
+                self.hooks.on_index_prepare(change)  # the query processes make theirs meanwhile
         if change is None:
             return None
         return PreparedIndex(self.index, changes, change, change.applied_to(self.index))
@@ -325,7 +307,6 @@ class Engine:
         # Take in an outside change first (a hand edit, a user's commit): routing a memory
         # into a cluster rewrites its file, which must not undo an edit not yet noticed.
         self._outside_op(ctx)
-        self._asked = None
         res = ingest_items(
             ctx,
             items,
@@ -339,8 +320,8 @@ class Engine:
         self.routes.ingested(res.shard if res.deferred else None, source)
         if self.routes and self.hooks.on_route_waiting is not None:
             self.hooks.on_route_waiting(self.routes.quiet_seconds)
-        if res.deferred and res.shard and self._asked is None:
-            # no query process scores it: the writer does, while the pass waits for quiet
+        if res.deferred and res.shard:
+            # scored now, while the pass waits for the inbox to be quiet
             self.writer.submit(self._score_op, res.shard)
         return res
 
@@ -381,8 +362,6 @@ class Engine:
         self._outside_op(ctx)
         taken = self.routes.waiting()
         index = self.index
-        if self.routes.asking() and not self.routes.wait_answers():
-            log.warning("a query process did not score a batch in time: the pass does")
         known = self.routes.scores(taken, index.route_key)
 
         def route(mems: list[Memory]) -> list[str | None]:

@@ -86,8 +86,5 @@ class EngineHooks:
     on_index: Callable[[IndexChange], None] | None = None
     # the writer is committing this change (called on the writer thread before it writes
     # the files): a copy of the index may make its next snapshot now, to serve it only once
-    # `on_index` brings the same change object (a commit that fails brings none). With an
-    # ask number, the memories it adds are a batch for the route pass: a copy that scores
-    # them (`route_many`, on the snapshot it serves) gives `engine.routes.answered(ask,
-    # targets)`. Returns whether one will.
-    on_index_prepare: Callable[[IndexChange, int | None], bool] | None = None
+    # `on_index` brings the same change object (a commit that fails brings none)
+    on_index_prepare: Callable[[IndexChange], None] | None = None

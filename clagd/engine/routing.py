@@ -6,13 +6,11 @@ listed here; the pass runs when the inbox has been quiet for `ingest.route_delay
 or at the latest ROUTE_MAX_WAIT after the first waiting batch, so a steady stream of files
 still gets its memories into their clusters. One pass runs at a time.
 
-The pass's scoring is done ahead, and the answers are kept here with the index's
-`route_key`: by a query process, which gets the batch's change before its files are written
-and scores it on its own core while the daemon commits (`ask` ... `answered`), or else by
-the writer right after the commit (`Engine._score_op`), while the pass waits for its quiet.
-The pass uses the answers whose key is still the served index's (no cluster changed since:
-they are the answers it would compute), waits up to SCORE_WAIT for answers still coming,
-and scores only the rest itself.
+The pass's scoring is done ahead: right after a large batch is committed, the writer scores
+its shard (`Engine._score_op`) while the pass waits for its quiet, and the answers are kept
+here with the index's `route_key`. The pass uses the answers whose key is still the served
+index's (no cluster changed since: they are the answers it would compute) and scores only
+the rest.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ from concurrent.futures import Future
 # a route pass waits for the inbox to be quiet, but not longer than this after the first
 # deferred batch
 ROUTE_MAX_WAIT = 30.0
-# the pass waits this long at most for a query process's answers still coming
-SCORE_WAIT = 2.0
 
 
 class RouteQueue:
@@ -35,15 +31,11 @@ class RouteQueue:
         self.quiet_seconds = quiet_seconds
         self._pending: dict[str, float] = {}  # shard name -> when its batch was committed
         self._lock = threading.Lock()
-        self._answer = threading.Condition(self._lock)
         self._running = False
         self._last_ingest = 0.0
         self._last_source = ""  # where the last batch came from ("inbox", "socket", ...)
-        # shard (or "ask-N") -> (the index's route_key, {memory id: its cluster or None})
+        # shard -> (the index's route_key, {memory id: its cluster or None})
         self._scored: dict[str, tuple[object, dict[str, str | None]]] = {}
-        # asks sent to a query process and not answered yet: N -> (route_key, memory ids)
-        self._asked: dict[int, tuple[object, list[str]]] = {}
-        self._asks = 0
 
     def __len__(self) -> int:
         with self._lock:
@@ -97,8 +89,6 @@ class RouteQueue:
             for name in taken:
                 self._pending.pop(name, None)
                 self._scored.pop(name, None)
-            if not self._pending:  # every answer was for memories routed (or left) now
-                self._scored.clear()
 
     def is_waiting(self, shard: str) -> bool:
         with self._lock:
@@ -111,13 +101,11 @@ class RouteQueue:
                 self._scored[shard] = (key, targets)
 
     def scores(self, shards: list[str], key: object) -> dict[str, str | None]:
-        """The kept answers for these shards, and every answer a query process gave, that
-        were made on an index with `key` (by memory id); those made on another are dropped
-        (a cluster changed since)."""
+        """The kept answers for these shards that were made on an index with `key` (by
+        memory id); those made on another are dropped (a cluster changed since)."""
         out: dict[str, str | None] = {}
         with self._lock:
-            names = [*shards, *(n for n in self._scored if n.startswith("ask-"))]
-            for name in names:
+            for name in shards:
                 got = self._scored.get(name)
                 if got is None:
                     continue
@@ -126,35 +114,6 @@ class RouteQueue:
                 else:
                     del self._scored[name]
         return out
-
-    def ask(self, key: object, memory_ids: list[str]) -> int:
-        """Note that a query process was asked to score these memories on an index with
-        `key`; returns the number its answer must carry."""
-        with self._lock:
-            self._asks += 1
-            self._asked[self._asks] = (key, memory_ids)
-            return self._asks
-
-    def answered(self, n: int, targets: list[str | None] | None) -> None:
-        """The answer to ask `n` (None: there will be none, e.g. its process ended)."""
-        with self._answer:
-            got = self._asked.pop(n, None)
-            if got is not None and targets is not None and len(targets) == len(got[1]):
-                self._scored[f"ask-{n}"] = (got[0], dict(zip(got[1], targets)))
-            self._answer.notify_all()
-
-    def asking(self) -> bool:
-        with self._lock:
-            return bool(self._asked)
-
-    def wait_answers(self, timeout: float | None = None) -> bool:
-        """Until every ask is answered (False: some were not within `timeout`, SCORE_WAIT
-        by default; they are given up, and their memories scored by the pass itself)."""
-        with self._answer:
-            wait = SCORE_WAIT if timeout is None else timeout
-            done = self._answer.wait_for(lambda: not self._asked, wait)
-            self._asked.clear()
-            return done
 
     def release(self, _fut: Future | None = None) -> None:
         """The pass is over, done or not (also when it never ran: the writer was stopping)."""

@@ -292,8 +292,9 @@ class Daemon:
         if self.queryprocs is not None:
             self.queryprocs.publish(change)
 
-    def _prepare_index(self, change: IndexChange, ask: int | None) -> bool:
-        return self.queryprocs is not None and self.queryprocs.prepare(change, ask)
+    def _prepare_index(self, change: IndexChange) -> None:
+        if self.queryprocs is not None:
+            self.queryprocs.prepare(change)
 
     def _query_status(self) -> dict[str, Any]:
         if self.queryprocs is None:

@@ -42,7 +42,6 @@ from clagd.engine.core import answer
 from clagd.engine.hooks import IndexChange
 from clagd.errors import ClagdError
 from clagd.libc import libc
-from clagd.model import Memory
 from clagd.protocol import QueryParams, error_reply
 from clagd.retrieval.index import Index
 from clagd.serve.logs import setup_logging
@@ -73,27 +72,10 @@ class Replica:
             if msg[0] == "queried":
                 self.reported += 1
 
-    def prepare(self, change: IndexChange, ask: int | None = None) -> None:
+    def prepare(self, change: IndexChange) -> None:
         """Make the snapshot `change` gives, beside the one served (the daemon is committing
-        it); `commit` serves it. With `ask`, the memories it adds are a batch for the
-        daemon's route pass: they are scored on a thread of their own (on the snapshot
-        served now, whose clusters the change leaves as they are), and the answers sent as
-        `scored`, while this thread goes on with the channel."""
-        base = self.index
-        if ask is not None:
-            mems = list(change.add_unsorted)
-            threading.Thread(
-                target=self._score, args=(base, ask, mems), name="clagd-score", daemon=True
-            ).start()
-        self.pending = (change, base, change.applied_to(base))
-
-    def _score(self, index: Index, ask: int, mems: list[Memory]) -> None:
-        try:
-            targets: list[str | None] | None = index.route_many(mems)
-        except Exception as exc:  # noqa: BLE001 - the daemon's pass scores them itself
-            log.error("scoring %d memories for the route pass failed: %s", len(mems), exc)
-            targets = None
-        self.send(("scored", ask, targets))
+        it); `commit` serves it."""
+        self.pending = (change, self.index, change.applied_to(self.index))
 
     def commit(self, version: int) -> None:
         """The change last prepared was committed: serve its snapshot."""
@@ -273,7 +255,7 @@ def serve(
             elif msg[0] == "apply":
                 replica.apply(msg[1], msg[2])
             elif msg[0] == "prepare":
-                replica.prepare(msg[1], msg[2])
+                replica.prepare(msg[1])
             elif msg[0] == "commit":
                 replica.commit(msg[1])
     finally:

@@ -58,7 +58,6 @@ class _Proc:
         self.serving = False  # it caught up with the writer once: queries may go to it
         self.receiving = False  # index changes are queued for it
         self.prepared: IndexChange | None = None  # the change it was sent to prepare
-        self.asked: set[int] = set()  # route scores it was asked for and has not given
         self.queries = 0
         self.counted = 0  # `queried` messages taken in from this life of the process
         self.replacing = False  # killed to start again on a re-created socket
@@ -150,27 +149,19 @@ class QueryProcesses:
         self._next = 0
 
     # -- the writer's side ------------------------------------------------------------
-    def prepare(self, change: IndexChange, ask: int | None = None) -> bool:
+    def prepare(self, change: IndexChange) -> None:
         """The writer is committing `change` (writer thread, before it writes the files):
         every process that receives changes makes the snapshot it gives now, beside the one
         it serves,
         and serves it once `publish` brings this same change (a commit that failed brings
-        none: the next `prepare` or `apply` replaces it). With `ask`, the first process
-        that serves also scores the memories the change adds (`Engine.routes.ask`). Returns
-        whether one will answer it."""
+        none: the next `prepare` or `apply` replaces it)."""
         targets = [p for p in self._procs if p.receiving]
         if not targets:
-            return False
-        scorer = next((p for p in targets if p.serving), None) if ask is not None else None
-        data = pickle.dumps(("prepare", change, None), protocol=pickle.HIGHEST_PROTOCOL)
+            return
+        data = pickle.dumps(("prepare", change), protocol=pickle.HIGHEST_PROTOCOL)
         for p in targets:
-            if p is scorer:
-                p.outbox.put(pickle.dumps(("prepare", change, ask), pickle.HIGHEST_PROTOCOL))
-                p.asked.add(ask)  # type: ignore[arg-type]
-            else:
-                p.outbox.put(data)
+            p.outbox.put(data)
             p.prepared = change
-        return scorer is not None
 
     def publish(self, change: IndexChange) -> None:
         """The served index changed (writer thread): queue the change for every process
@@ -364,9 +355,6 @@ class QueryProcesses:
                 return
             if msg[0] == "applied":
                 self._applied(p, msg[1])
-            elif msg[0] == "scored":
-                p.asked.discard(msg[1])
-                self.engine.routes.answered(msg[1], msg[2])
             elif msg[0] == "queried":
                 self.engine.note_query(msg[1], msg[2], True)
                 with self._cond:
@@ -407,9 +395,6 @@ class QueryProcesses:
     def _ended(self, p: _Proc) -> None:
         p.receiving = False
         p.outbox.put(None)  # ends its sender (and asks the process to stop)
-        for ask in list(p.asked):  # the route pass scores those memories itself
-            self.engine.routes.answered(ask, None)
-        p.asked.clear()
         if p.popen is not None:
             try:
                 code = p.popen.wait(5 if self._stop.is_set() else 0.01)

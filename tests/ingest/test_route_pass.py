@@ -298,48 +298,6 @@ def test_scores_made_before_a_cluster_changed_are_not_used(
         eng.close()
 
 
-def test_answers_asked_of_a_query_process_are_used_or_given_up(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A deferred batch's change goes to a query process with an ask: the writer does not
-    score it itself. Answered, the pass moves the memories by those answers; never
-    answered, the pass waits SCORE_WAIT and scores them itself."""
-    from clagd.engine import routing
-    from clagd.engine.hooks import EngineHooks
-
-    monkeypatch.setattr(routing, "SCORE_WAIT", 0.3)
-    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
-    asks: list[tuple[int, list[Memory]]] = []
-
-    def on_prepare(change: object, ask: int | None) -> bool:
-        if ask is not None:
-            asks.append((ask, list(change.add_unsorted)))  # type: ignore[attr-defined]
-        return True
-
-    eng = Engine(root, hooks=EngineHooks(on_index_prepare=on_prepare))
-    try:
-        calls = _route_calls(monkeypatch)
-        eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
-        eng.writer.call(lambda _ctx: None)
-        assert len(asks) == 1 and len(asks[0][1]) == 6 and calls == []  # not by the writer
-        ask, mems = asks[0]
-        eng.routes.answered(ask, eng.index.route_many(mems))  # as the process would
-        calls.clear()
-        out = eng.maybe_route(force=True)
-        assert out is not None and out["routed"] == 4 and calls == []
-        assert_same_as_files(eng)
-
-        eng.ingest([Item(f"{t}, again", None, {}) for t in NEW_SAILING], source="test")
-        assert len(asks) == 2 and eng.routes.asking()
-        t0 = time.monotonic()
-        out = eng.maybe_route(force=True)  # the ask is never answered
-        assert time.monotonic() - t0 >= 0.3 and not eng.routes.asking()
-        assert out is not None and out["routed"] == 4 and calls == [4]
-        assert_same_as_files(eng)
-    finally:
-        eng.close()
-
-
 def test_an_inbox_burst_is_routed_once_the_inbox_is_empty_not_a_quiet_after_its_commit(
     tmp_path: Path, short_tmp: Path
 ) -> None:

@@ -5,7 +5,6 @@ every kind of change (ingest, route pass, session, revert, archive, a whole relo
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -105,19 +104,13 @@ def test_the_compute_lock_of_a_query_process_is_taken_in_the_order_asked() -> No
 
 
 class _Channel:
-    """The control channel's daemon end, as far as a Replica writes to it: route scores go
-    to `on_scored`, as the daemon hands them to its engine."""
+    """The control channel's daemon end, as far as a Replica writes to it."""
 
-    def __init__(self, on_scored: Callable[[int, list], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.sent: list[tuple] = []
-        self.on_scored = on_scored
 
     def send_bytes(self, data: bytes) -> None:
-        msg = pickle.loads(data)
-        if msg[0] == "scored" and self.on_scored is not None:
-            self.on_scored(msg[1], msg[2])
-        else:
-            self.sent.append(msg)
+        self.sent.append(pickle.loads(data))
 
 
 def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path: Path) -> None:
@@ -128,24 +121,17 @@ def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path:
     from clagd.serve.query_worker import Replica
 
     store = make_store(tmp_path / "m", {"ingest": {"route_inline_max": 5}})
-    scored: list[tuple[int, list]] = []
-
-    def on_scored(ask: int, targets: list) -> None:
-        scored.append((ask, targets))
-        eng.routes.answered(ask, targets)
-
-    channel = _Channel(on_scored)
+    channel = _Channel()
     replica: Replica | None = None
     prepared: list[object] = []
     served: list[str] = []
 
-    def on_prepare(change: object, ask: int | None) -> bool:
+    def on_prepare(change: object) -> None:
         assert replica is not None
         before = replica.index
-        replica.prepare(pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)), ask)
+        replica.prepare(pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)))
         assert replica.index is before  # not served before its commit
         prepared.append(change)
-        return True
 
     def on_index(change: object) -> None:
         assert replica is not None
@@ -165,11 +151,8 @@ def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path:
     try:
         for r in range(4):
             eng.add([{"content": f"{t} note {r} {i}"} for i, t in enumerate(topics)])
-        bulk = eng.add([{"content": f"{topics[i % 5]} bulk {i}"} for i in range(40)])
-        assert bulk["route_deferred"]
-        routed = eng.maybe_route(force=True)  # by the copy's scores (the pass waits for them)
-        assert [len(t) for _, t in scored] == [40]
-        assert routed is not None and routed["routed"] == sum(c is not None for c in scored[0][1])
+        eng.add([{"content": f"{topics[i % 5]} bulk {i}"} for i in range(40)])
+        eng.maybe_route(wait=True)
         assert eng.recluster("manual")["status"] in ("accepted", "noop")
         assert served.count("commit") >= 6, served
         assert len(replica.index) == len(eng.index)
@@ -207,10 +190,9 @@ def test_a_change_is_sent_to_prepare_before_its_files_are_written(tmp_path: Path
     store = make_store(tmp_path / "m")
     seen: list[tuple[bool, str]] = []
 
-    def on_prepare(change: object, ask: int | None) -> bool:
+    def on_prepare(change: object) -> None:
         on_disk = any("a note announced early" in p.read_text() for p in store.rglob("*.yaml"))
         seen.append((on_disk, git(store, "rev-parse", "HEAD").strip()))
-        return False
 
     eng = Engine(store, hooks=EngineHooks(on_index_prepare=on_prepare))
     try:
