@@ -235,11 +235,9 @@ class Engine:
         calls it beside the commit; nothing is served from it before the commit exists)."""
         announced, self._announced = self._announced, None
         if announced is not None and announced[0] is changes:
-            change: IndexChange | None = announced[1]
+            change: IndexChange | None = announced[1]  # the query processes have it already
         else:
             change = self._index_change(changes, state)
-            if change is not None and self.hooks.on_index_prepare is not None:
-                self.hooks.on_index_prepare(change)  # the query processes make theirs meanwhile
         if change is None:
             return None
         return PreparedIndex(self.index, changes, change, change.applied_to(self.index))

@@ -118,7 +118,7 @@ class InboxWatcher:
         self._gaps: deque[float] = deque(maxlen=DEBOUNCE_WINDOW)  # of this burst's events
         # called when a pass finds the inbox empty right after one that handled files
         self.on_drained: Callable[[], None] | None = None
-        self._busy_until = 0.0  # inf while a pass runs or one that handled files just ended
+        self._passing = False  # a pass runs, or one that handled files just ended
         self.files_ingested = 0
         self.files_rejected = 0
         self.failures = 0
@@ -214,7 +214,7 @@ class InboxWatcher:
         the pass after one that handled files has found the inbox empty): the route pass
         waits for a burst to end, not for a pause inside it. Once the inbox is drained the
         quiet counts from the burst's last file, not from the end of its commit."""
-        return max(0.0, time.monotonic() - max(self._last_event, self._busy_until))
+        return 0.0 if self._passing else max(0.0, time.monotonic() - self._last_event)
 
     def stop(self) -> None:
         """Stop watching, then ingest what is complete one last time."""
@@ -254,14 +254,14 @@ class InboxWatcher:
             # quiet_for is 0 while a pass runs and until the pass after one that handled
             # files (it runs at once) finds nothing; a pass that handled nothing (that
             # check, a settle timer, the rescan) leaves the quiet since the last file
-            was_busy, self._busy_until = self._busy_until == float("inf"), float("inf")
+            was_busy, self._passing = self._passing, True
             try:
                 busy = self.process() > 0
             except Exception as exc:  # noqa: BLE001 - the inbox loop never stops
                 self.loop_errors += 1
                 self._fail(exc)
                 busy = False
-            self._busy_until = float("inf") if busy else 0.0
+            self._passing = busy
             if was_busy and not busy and self.on_drained is not None:
                 self.on_drained()
             self._check_backlog()

@@ -10,8 +10,8 @@ lets the daemon answer a write only once every query process serves it. A change
 writer is still committing comes first as `prepare`: this process makes its snapshot while
 the files are written and git commits them, and serves it when `commit` comes with the
 version (a failed commit sends no `commit`; the next change replaces what was prepared).
-For each query it answers it reports the memories and clusters it returned (`queried`): the daemon keeps the
-access statistics and counts the rounds that trigger sessions.
+For each query it answers it reports the memories and clusters it returned (`queried`):
+the daemon keeps the access statistics and counts the rounds that trigger sessions.
 
 It accepts connections on the same listening socket as the daemon, checks the peer's uid
 and applies the same limits (`serve/server.py`). A request it does not answer itself (any

@@ -152,9 +152,8 @@ class QueryProcesses:
     def prepare(self, change: IndexChange) -> None:
         """The writer is committing `change` (writer thread, before it writes the files):
         every process that receives changes makes the snapshot it gives now, beside the one
-        it serves,
-        and serves it once `publish` brings this same change (a commit that failed brings
-        none: the next `prepare` or `apply` replaces it)."""
+        it serves, and serves it once `publish` brings this same change (a commit that
+        failed brings none: the next `prepare` or `apply` replaces it)."""
         targets = [p for p in self._procs if p.receiving]
         if not targets:
             return
