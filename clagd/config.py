@@ -185,6 +185,9 @@ class ReplicationConfig:
 class GitConfig:
     # the branch the daemon commits on; empty: the one the store was created with
     branch: str = ""
+    # how often the daemon runs `git gc --auto` beside its work (0: never; git's own
+    # thresholds decide whether there is anything to pack, see clagd/store/packing.py)
+    gc_interval_minutes: float = 10.0
 
 
 @dataclass

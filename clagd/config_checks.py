@@ -123,6 +123,7 @@ def check_replication(c: _Checker) -> None:
 
 
 def check_git(c: _Checker) -> None:
+    c.at_least(0, "gc_interval_minutes")
     if c.s.branch and not _REF_RE.match(c.s.branch):
         c.fail("branch", "a valid git branch name")
 

@@ -34,6 +34,7 @@ from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
 from clagd.store.files import Paths, StoreState, ignored_files, is_data_path, is_store
 from clagd.store.gitrepo import GitStore
+from clagd.store.packing import ObjectPacker
 from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer
 
 log = logging.getLogger("clagd")
@@ -70,6 +71,7 @@ class Engine:
         self.config = config or load_config(self.root)
         self.hooks = hooks or EngineHooks()
         self.git = GitStore(self.root, self.config.git.branch)
+        self.packer = ObjectPacker(self.root, self.config.git.gc_interval_minutes * 60)
         self.started_at = time.time()
         self.notes: list[str] = recover(self.git, self.paths)
         state = self._load()
@@ -180,7 +182,16 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - only a start-up speed-up is lost
                 log.warning("could not save the warm-start file: %s", exc)
         self.writer.stop()
+        self.packer.stop()
         self.stats.save()
+
+    def maybe_pack(self) -> bool:
+        """Start `git gc --auto` in the background when it is due and the person's git does
+        not hold the store (see clagd/store/packing.py). Returns whether one was started."""
+        if self.git.pause_reason(locks=False):
+            self.packer.poll()
+            return False
+        return self.packer.maybe_start()
 
     def maybe_save_warmstart(self, min_interval: float = 600.0) -> bool:
         """Save a fresh warm-start file when the store moved on and the last one is old
@@ -481,6 +492,7 @@ class Engine:
             "recovery": self.notes,
             "branch": self.git.branch,
             "paused": self.writer.paused or self.git.pause_reason(locks=False) or "",
+            "git_gc": self.packer.status(),
             "ignored_files": ignored_files(self.root),
             "history": {
                 **self.writer.history.summary(),

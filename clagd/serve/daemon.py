@@ -449,6 +449,7 @@ class Daemon:
         eng.maybe_route(wait=False)  # queued on the writer; a failure is logged and retried
         eng.stats.save()
         eng.maybe_save_warmstart()
+        eng.maybe_pack()
         sdnotify.status(
             f"{len(eng.index)} memories, {eng.counters['queries']} queries, "
             f"{eng.counters['sessions']} sessions"

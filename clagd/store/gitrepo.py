@@ -520,7 +520,9 @@ class GitStore:
                     )
                     + "); nothing was committed, the change is made again"
                 )
-        fs = () if fsync else ("-c", "core.fsync=none")
+        # uncompressed loose objects: half of `git add`'s time for a route pass's ~500
+        # files; the daemon's `git gc --auto` packs (and compresses) them (store/packing.py)
+        fs = ("-c", "core.looseCompression=0") + (() if fsync else ("-c", "core.fsync=none"))
         self.run(*fs, "add", "-A", "--", *paths)
 
     def check_not_paused(self) -> None:
