@@ -408,6 +408,7 @@ class Daemon:
         return {
             "observer": w.observer_kind,
             "files_ingested": w.files_ingested,
+            "files_read_ahead": w.read_ahead,
             "files_rejected": w.files_rejected,
             "failures": w.failures,
             "last_error": w.last_error,

@@ -5,6 +5,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
@@ -300,3 +301,71 @@ def test_the_quiet_waited_for_follows_the_gaps_between_a_bursts_files() -> None:
     assert quiet_needed([0.001, 0.02, 0.002], 0.3) == pytest.approx(0.08)  # its longest gap
     assert quiet_needed([0.1, 0.1, 0.1], 0.3) == 0.3  # a slow writer: never past the debounce
     assert quiet_needed([0.0002] * 10, 0.01) == 0.01  # nor past a debounce below the minimum
+
+
+def _watcher_without_events(tmp_path: Path) -> tuple[Any, list[str], Path]:
+    """A real watcher on a real inbox, not started: the test drives its debounce's
+    read-ahead and its pass on this thread, and plays the observer's "renamed in"."""
+    from clagd.config import load_config
+    from clagd.ingest.watcher import InboxWatcher
+
+    store = make_store(tmp_path / "memory")
+    taken: list[str] = []
+    w = InboxWatcher(
+        store / "inbox",
+        load_config(store).inbox,
+        lambda items, files: taken.extend(it.content for it in items),
+    )
+    return w, taken, store / "inbox"
+
+
+def _complete(w: Any, inbox: Path, name: str, text: str, age: float = 5.0) -> Path:
+    path = inbox / name
+    path.write_text(text)
+    old = time.time() - age
+    os.utime(path, (old, old))
+    w.tracker.mark_complete(name)  # as the observer does when a file is renamed in
+    return path
+
+
+def test_files_read_ahead_are_taken_only_while_unchanged(tmp_path: Path) -> None:
+    """During the debounce the complete files are read ahead. The pass takes those items
+    only from a file that is exactly what was read (inode, size, mtime): a file rewritten
+    since is read again, a removed one is gone, a malformed one is rejected with its
+    reason by the pass, as without the read-ahead."""
+    w, taken, inbox = _watcher_without_events(tmp_path)
+    _complete(w, inbox, "a.json", json.dumps({"content": "note a as read ahead"}))
+    b = _complete(w, inbox, "b.json", json.dumps({"content": "note b before"}))
+    c = _complete(w, inbox, "c.json", json.dumps({"content": "note c, removed"}))
+    _complete(w, inbox, "d.json", "{not json")
+    w._read_ahead(time.monotonic() + 10)
+    b.write_text(json.dumps({"content": "note b rewritten, same name"}))
+    later = time.time() - 2  # a different mtime, and old enough to be read ahead
+    os.utime(b, (later, later))
+    w.tracker.mark_complete("b.json")
+    c.unlink()
+    assert w.process() == 3  # a, b, and d rejected
+    assert sorted(taken) == ["note a as read ahead", "note b rewritten, same name"]
+    assert w.read_ahead == 1  # a only
+    assert (inbox / "rejected" / "d.json").exists()
+    assert "d.json" not in {p.name for p in inbox.iterdir()}
+    assert "JSON" in (inbox / "rejected" / "d.json.error").read_text()
+
+
+def test_a_file_modified_just_now_is_not_read_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change within one tick of the kernel's coarse clock would keep the mtime: a file
+    modified less than READ_AHEAD_MIN_AGE ago is left to the pass, which reads it when it
+    runs (the age is raised to 30 s here, so that no timing of the test's own matters)."""
+    import clagd.ingest.watcher as watcher
+
+    monkeypatch.setattr(watcher, "READ_AHEAD_MIN_AGE", 30.0)
+    w, taken, inbox = _watcher_without_events(tmp_path)
+    path = _complete(w, inbox, "n.json", json.dumps({"content": "fresh note"}), age=5.0)
+    w._read_ahead(time.monotonic() + 10)
+    assert w.process() == 1 and taken == ["fresh note"] and w.read_ahead == 0
+    _complete(w, inbox, "o.json", json.dumps({"content": "older note"}), age=60.0)
+    w._read_ahead(time.monotonic() + 10)
+    assert w.process() == 1 and taken == ["fresh note", "older note"] and w.read_ahead == 1
+    assert not path.exists()
