@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from clagd.ingest.inbox import Item
-from clagd.model import Memory, memory_id, new_id, now_iso
+from clagd.model import Memory, memory_id, new_id, normalized_id, now_iso
 from clagd.store.files import new_shard_name
 from clagd.store.writer import WriteContext
 
@@ -68,7 +68,7 @@ def ingest_items(
     stamp = now_iso()
     batch_keys: set[str] = set()
     for it in items:
-        mid = memory_id(it.content)
+        mid = normalized_id(it.content) if it.normalized else memory_id(it.content)
         if mid in keys or mid in batch_keys:
             res.duplicates.append(mid)
             continue

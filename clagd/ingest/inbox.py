@@ -40,6 +40,8 @@ class Item:
     content: str
     created_at: str | None
     metadata: dict[str, Any]
+    # set by `validate_item`: `content` is normalized already (its id is only a hash)
+    normalized: bool = field(default=False, compare=False)
 
 
 MAX_INT = 2**63  # a metadata integer must fit a JSON number every reader can take
@@ -130,7 +132,7 @@ def validate_item(raw: Any, where: str = "item") -> Item:
     for k, v in raw.items():  # other keys an agent wrote are kept as metadata
         if k not in KNOWN_KEYS:
             meta.setdefault(str(k), _jsonable(v))
-    return Item(content, _created_at(raw.get("created_at")), meta)
+    return Item(content, _created_at(raw.get("created_at")), meta, normalized=True)
 
 
 def _items_from_data(data: Any, max_items: int) -> list[Item]:

@@ -369,3 +369,21 @@ def test_a_file_modified_just_now_is_not_read_ahead(
     w._read_ahead(time.monotonic() + 10)
     assert w.process() == 1 and taken == ["fresh note", "older note"] and w.read_ahead == 1
     assert not path.exists()
+
+
+def test_an_items_id_is_its_normalized_contents_whichever_way_it_came(store: Path) -> None:
+    """A validated item (inbox, socket) is normalized already and its id is only hashed;
+    an item made by hand is normalized first: both give one memory, stored once."""
+    from clagd.engine.core import Engine
+    from clagd.ingest.inbox import Item, validate_item
+    from clagd.model import memory_id
+
+    checked = validate_item({"content": "  café\tau   lait \n"})
+    assert checked.normalized and checked.content == "café au lait"
+    eng = Engine(store)
+    try:
+        first = eng.ingest([checked], "test")
+        again = eng.ingest([Item("cafe\u0301  au lait", None, {})], "test")  # not NFC
+        assert first.added == [memory_id("café au lait")] and again.duplicates == first.added
+    finally:
+        eng.close()
