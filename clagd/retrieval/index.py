@@ -42,6 +42,8 @@ UNSORTED_NAME = "unsorted"
 # how many times a cluster's name, description and tags count in its profile, relative to
 # one occurrence in one member
 PROFILE_FIELD_WEIGHT = 2
+# a change adding more unsorted memories than this keeps no term ids for the route pass
+LOOSE_TIDS_MAX = 20_000
 
 # queries remembered per snapshot (the hot cache; a new snapshot starts empty)
 HOT_CACHE_SIZE = 256
@@ -442,6 +444,8 @@ class _Change:
         self.labels: list[list[int]] = []  # per upserted cluster: its label's term ids
         self.epoch_of: dict[int, float] = {}  # parsed once for the chain order and the times
         self.loose: list[int] = []  # slots of the added unsorted memories
+        # their text and term ids in text order, tokenized here (`Index._loose_tids`)
+        self.loose_tids: dict[str, tuple[str, list[int]]] | None = None
 
     def lookup(self, mid: str) -> int | None:
         v = self.changes.get(mid)
@@ -511,6 +515,8 @@ class _Change:
             vocab = self.old._vocab
             ids = [vocab.setdefault(t, len(vocab)) for t in self.old._tokens(m.content)]
             self.all_tids.extend(ids)
+            if self.loose_tids is not None:
+                self.loose_tids[m.id] = (m.content, ids)
             self.new_len.append(float(len(ids)))
         else:
             tid, tf = self.terms_of(m)
@@ -536,7 +542,9 @@ class _Change:
             label = " ".join([c.name, c.description, *c.tags])
             self.labels.append([vocab.setdefault(t, len(vocab)) for t in tokens(label)])
 
-    def place_unsorted(self, memories: Iterable[Memory]) -> None:
+    def place_unsorted(self, memories: list[Memory]) -> None:
+        if len(memories) <= LOOSE_TIDS_MAX:
+            self.loose_tids = {}
         self.loose = [self.place(m, -1) for m in memories]
 
     def into(self, new: Index, clusters: list[Cluster]) -> None:
@@ -694,6 +702,9 @@ class Index:
         self._cache: dict[tuple, SearchResult] = {}
         self.cache_hits = 0
         self._route_key = object()
+        # the term ids (text order) of the unsorted memories the change that made this
+        # snapshot added: `route_many` on them (the route pass) does not tokenize again
+        self._loose_tids: dict[str, tuple[str, list[int]]] = {}
 
     @property
     def route_key(self) -> object:
@@ -705,7 +716,15 @@ class Index:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cache"] = {}
-        for k in ("_dead", "_c_dead", "_uslots", "_m_terms", "_c_terms", "_route_key"):
+        for k in (
+            "_dead",
+            "_c_dead",
+            "_uslots",
+            "_m_terms",
+            "_c_terms",
+            "_route_key",
+            "_loose_tids",
+        ):
             state.pop(k, None)
         return state
 
@@ -714,6 +733,7 @@ class Index:
             raise ValueError("index snapshot of an older format")
         self.__dict__.update(state)
         self._route_key = object()
+        self._loose_tids = {}
         self._derive()
 
     # ----------------------------------------------------------------- building
@@ -801,6 +821,7 @@ class Index:
         new.cache_hits = 0
         if upsert or removed:
             new._route_key = object()
+        new._loose_tids = change.loose_tids or {}
         change.into(new, list(upsert.values()))
         if self.cfg.neighbors == "time":
             ids = [m.id for m in change.new_mems]
@@ -1338,9 +1359,15 @@ class Index:
         n_docs = len(self._cslot_of)
         term_of: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
         qs: list[list[int]] = []
+        loose = self._loose_tids
         for m in memories:
             q = []
-            for tid in self._term_ids(m.content):
+            known = loose.get(m.id)
+            if known is not None and known[0] == m.content:
+                tids = known[1]
+            else:
+                tids = self._term_ids(m.content)
+            for tid in tids:
                 if tid not in term_of:
                     got = self._term(tid, segs, alive, n_docs)
                     if got is None:

@@ -735,3 +735,32 @@ def test_the_route_key_changes_exactly_when_a_cluster_does() -> None:
     copy = pickle.loads(pickle.dumps(more, pickle.HIGHEST_PROTOCOL))
     assert copy.route_key is not more.route_key
     assert copy.route_many([loose]) == more.route_many([loose])
+
+
+def test_routing_new_unsorted_memories_reuses_their_term_ids_and_answers_the_same() -> None:
+    """The change that adds unsorted memories keeps their term ids (text order), so the
+    route pass's `route_many` does not tokenize them again; the answers are the ones
+    tokenizing gives, a memory whose text is not the one indexed is tokenized, and the
+    ids are not taken along in a pickle."""
+    import pickle
+
+    clusters = [
+        Cluster("c-1", "Sailing", memories=[Memory.new("sailing the boat in the harbour")]),
+        Cluster("c-2", "Cooking", memories=[Memory.new("baking bread with ricotta cheese")]),
+    ]
+    idx = Index.build(clusters, [], ingest=IngestConfig(route_min_score=1.0, route_margin=0.3))
+    loose = [
+        Memory.new("the harbour boat and the sailing club"),
+        Memory.new("ricotta bread baking again, the cheese"),
+        Memory.new("nothing in common here at all"),
+    ]
+    more = idx.apply(add_unsorted=loose)
+    assert set(more._loose_tids) == {m.id for m in loose}
+    want = idx.route_many(loose)
+    assert want[:2] == ["c-1", "c-2"]
+    assert more.route_many(loose) == want
+    # same id, another text (not what was indexed): tokenized, not taken from the kept ids
+    other = Memory(loose[0].id, "baking ricotta bread cheese", loose[0].created_at)
+    assert more.route_many([other]) == idx.route_many([other]) == ["c-2"]
+    assert not pickle.loads(pickle.dumps(more, pickle.HIGHEST_PROTOCOL))._loose_tids
+    assert not more.apply(remove_unsorted=[loose[2].id])._loose_tids  # only the adding change
