@@ -38,9 +38,10 @@ class IndexChange:
     add_unsorted: tuple[Memory, ...] = ()
     remove_unsorted: tuple[str, ...] = ()
 
-    def applied_to(self, index: Index) -> Index:
+    def applied_to(self, index: Index, routes: bool = True) -> Index:
         """The snapshot this change makes of `index`: what the engine serves after it, and
-        what a query process's copy becomes."""
+        what a query process's copy becomes (`routes=False`: it never routes, see
+        `Index.apply`)."""
         if self.build:
             return Index.build(self.upsert_clusters, self.add_unsorted, index.cfg, index.ingest)
         return index.apply(
@@ -48,6 +49,7 @@ class IndexChange:
             remove_clusters=self.remove_clusters,
             add_unsorted=self.add_unsorted,
             remove_unsorted=self.remove_unsorted,
+            routes=routes,
         )
 
 

@@ -542,8 +542,8 @@ class _Change:
             label = " ".join([c.name, c.description, *c.tags])
             self.labels.append([vocab.setdefault(t, len(vocab)) for t in tokens(label)])
 
-    def place_unsorted(self, memories: list[Memory]) -> None:
-        if len(memories) <= LOOSE_TIDS_MAX:
+    def place_unsorted(self, memories: list[Memory], keep_tids: bool) -> None:
+        if keep_tids and len(memories) <= LOOSE_TIDS_MAX:
             self.loose_tids = {}
         self.loose = [self.place(m, -1) for m in memories]
 
@@ -781,10 +781,15 @@ class Index:
         remove_clusters: Iterable[str] = (),
         add_unsorted: Iterable[Memory] = (),
         remove_unsorted: Iterable[str] = (),
+        routes: bool = True,
     ) -> Index:
         """A new snapshot with these changes; the work is proportional to what changed.
-        (A whole store loaded at start-up is built at once instead: `retrieval.bulk`.)"""
-        return self._apply(upsert_clusters, remove_clusters, add_unsorted, remove_unsorted)
+        (A whole store loaded at start-up is built at once instead: `retrieval.bulk`.)
+        `routes`: the new snapshot will route the added unsorted memories (the writer's):
+        their term ids are kept for it. A copy that only answers queries passes False."""
+        return self._apply(
+            upsert_clusters, remove_clusters, add_unsorted, remove_unsorted, routes=routes
+        )
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -798,6 +803,7 @@ class Index:
         add_unsorted: Iterable[Memory],
         remove_unsorted: Iterable[str],
         terms_of: TermsOf | None = None,
+        routes: bool = False,
     ) -> Index:
         """`terms_of` gives a memory's term ids and their counts (None: each id counts once)
         instead of tokenizing its text."""
@@ -813,7 +819,7 @@ class Index:
         change = _Change(self, claimed, terms_of)
         change.free([*removed, *upsert], rm_u)
         change.place_clusters(upsert.values())
-        change.place_unsorted(add_u)
+        change.place_unsorted(add_u, keep_tids=routes)
 
         new = Index.__new__(Index)
         new.__dict__.update(self.__dict__)

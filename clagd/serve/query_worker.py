@@ -75,7 +75,7 @@ class Replica:
     def prepare(self, change: IndexChange) -> None:
         """Make the snapshot `change` gives, beside the one served (the daemon is committing
         it); `commit` serves it."""
-        self.pending = (change, self.index, change.applied_to(self.index))
+        self.pending = (change, self.index, change.applied_to(self.index, routes=False))
 
     def commit(self, version: int) -> None:
         """The change last prepared was committed: serve its snapshot."""
@@ -83,13 +83,13 @@ class Replica:
             raise ClagdError(f"told to serve version {version}, which was never prepared")
         change, base, made = self.pending
         self.pending = None
-        self.index = made if base is self.index else change.applied_to(self.index)
+        self.index = made if base is self.index else change.applied_to(self.index, routes=False)
         self.version = version
         self.send(("applied", version))
 
     def apply(self, version: int, change: IndexChange) -> None:
         self.pending = None  # a change prepared but not committed (its commit failed)
-        self.index = change.applied_to(self.index)
+        self.index = change.applied_to(self.index, routes=False)
         self.version = version
         self.send(("applied", version))
 
