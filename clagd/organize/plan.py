@@ -558,7 +558,13 @@ class _Applying:
                 del drop_c.supersedes[newer]
             merged = list(keep.metadata.get("merged") or [])
             merged.append({"id": drop.id, "content": drop.content, "created_at": drop.created_at})
-            keep.metadata["merged"] = merged
+            # a new object, not a change of the kept one: the served index snapshot holds
+            # that one (snapshots are immutable; a query may be reading its metadata now)
+            at = keep_c.memories.index(keep)
+            keep = Memory(
+                keep.id, keep.content, keep.created_at, {**keep.metadata, "merged": merged}
+            )
+            keep_c.memories[at] = keep
             self.mark_cluster(keep_c.id)
             self.mark_cluster(drop_c.id)
             self.out.dropped.append(drop)
