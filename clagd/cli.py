@@ -394,7 +394,7 @@ def _gate_lines(results: list[dict[str, Any]]) -> list[str]:
 
 def _attention(s: dict[str, Any]) -> list[str]:
     """What the person should know: paused writes, history rewrites that removed memories,
-    a store others can read, ignored files, a changed configuration."""
+    a store others can read, ignored files, a failing `git gc`, a changed configuration."""
     out = []
     if s.get("paused"):
         out.append(f"PAUSED     {s['paused']}")
@@ -409,6 +409,9 @@ def _attention(s: dict[str, Any]) -> list[str]:
         out.append(f"PRIVACY    {w}")
     if s.get("ignored_files"):
         out.append(f"IGNORED    {', '.join(s['ignored_files'][:5])} (not memory files)")
+    gc = s.get("git_gc") or {}
+    if str(gc.get("last_result", "")).startswith("failed"):
+        out.append(f"GIT GC     {gc['last_result']}")
     cfg = s.get("config") or {}
     if cfg.get("error"):
         out.append(f"CONFIG     {cfg['error']}")

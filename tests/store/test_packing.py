@@ -171,3 +171,33 @@ def test_the_daemon_packs_by_itself_and_says_so_in_status(tmp_path: Path, short_
         assert len(head_contents(store)) == 4
     finally:
         d.terminate()
+
+
+def test_status_tells_the_person_when_the_daemons_gc_fails(tmp_path: Path, short_tmp: Path) -> None:
+    from click.testing import CliRunner
+
+    from clagd.cli import main
+
+    store = make_store(tmp_path / "m", {"git": {"gc_interval_minutes": 0.005}})
+    git(store, "config", "gc.auto", "1")
+    git(store, "config", "gc.pruneExpire", "not a date")
+    _over_gc_auto(store)
+    d = DaemonProcess(store, short_tmp / "s.sock")
+    d.start()
+    try:
+
+        def failed() -> bool:
+            with d.client() as c:
+                return c.status()["git_gc"]["failures"] >= 1
+
+        wait_for(failed, 60, "the daemon's gc to fail")
+        out = CliRunner().invoke(main, ["--socket", str(d.socket), "status"]).output
+        line = next(ln for ln in out.splitlines() if ln.startswith("GIT GC"))
+        assert "failed: git gc --auto" in line and "pruneexpire" in line.lower(), out
+        # and the daemon goes on storing memories
+        (store / "inbox" / "n.txt").write_text("a note after the failed gc\n")
+        with d.client() as c:
+            wait_for(lambda: c.status()["counters"]["added"] == 1, 30, "the ingest")
+        assert head_contents(store) == ["a note after the failed gc"]
+    finally:
+        d.terminate()
