@@ -17,7 +17,10 @@ At the end (a clean run that drains the inbox) the harness checks:
 * the daemon serves HEAD (its head, its counts), `git fsck --full` is clean;
 * a start without the warm-start file succeeds and serves the same.
 
-    python benchmarks/person_harness.py --rounds 3 [--kills 3] [--seed 1] [--keep]
+With `--daemon-gc` the daemon's own `git gc --auto` (store/packing.py) runs all along beside
+all of that: checked every 0.6 s, with git's threshold at its lowest (`gc.auto = 1`).
+
+    python benchmarks/person_harness.py --rounds 3 [--kills 3] [--seed 1] [--keep] [--daemon-gc]
 """
 
 from __future__ import annotations
@@ -174,6 +177,7 @@ class Person:
         self.removed: dict[str, set[str]] = {}  # op label -> ids it took out of HEAD
         self.kills = 0
         self.n = 0
+        self.waited_for_daemon_gc = 0  # tries of the person's gc refused while the daemon's ran
 
     # -- helpers ------------------------------------------------------------------------
     def settle(self) -> None:
@@ -285,7 +289,17 @@ class Person:
         raise RuntimeError(f"git {' '.join(args)}: {r.stdout.strip()} {r.stderr.strip()}")
 
     def gc(self) -> None:
-        git(self.root, "gc", "-q")
+        # while the daemon's own gc runs, git refuses a second one ("gc is already running"):
+        # the person runs it again a moment later
+        for _ in range(600):
+            r = git(self.root, "gc", "-q", check=False)
+            if r.returncode == 0:
+                return
+            if "gc is already running" not in r.stderr:
+                raise RuntimeError(f"git gc -q: {r.stderr.strip()}")
+            self.waited_for_daemon_gc += 1
+            time.sleep(0.05)
+        raise RuntimeError("git gc -q: the daemon's gc ran for 30 s")
 
     def clean(self) -> None:
         with self.load.inbox_lock:
@@ -389,11 +403,18 @@ class Person:
 
 
 def run(
-    rounds: int, kills: int, seed: int = 1, workdir: Path | None = None, verbose: bool = True
+    rounds: int,
+    kills: int,
+    seed: int = 1,
+    workdir: Path | None = None,
+    verbose: bool = True,
+    daemon_gc: bool = False,
 ) -> dict:
     rng = random.Random(seed)
     base = workdir or Path(tempfile.mkdtemp(prefix="clagd-p-", dir="/tmp"))
-    root = make_store(base / "m")
+    root = make_store(base / "m", {"git": {"gc_interval_minutes": 0.01}} if daemon_gc else None)
+    if daemon_gc:
+        git(root, "config", "gc.auto", "1")
     (root / "notes.txt").write_text("the person's notes\n")
     git(root, "add", "clagd.yaml", "notes.txt")
     git(root, "commit", "-q", "-m", "settings and notes")
@@ -409,6 +430,13 @@ def run(
         load.stop_event.set()
         load.join(30)
     report = finish(root, daemon, load, person)
+    log = daemon.log.read_text(errors="replace")
+    report["daemon_gc"] = {
+        "packed": log.count("git gc --auto: packed"),
+        "failed": log.count("failed: git gc"),
+        "packs_at_end": len(list((root / ".git" / "objects" / "pack").glob("*.pack"))),
+        "persons_gc_waited": person.waited_for_daemon_gc,
+    }
     report["seconds"] = round(time.monotonic() - t0, 1)
     if verbose:
         print(json.dumps(report, indent=1, default=str))
@@ -539,9 +567,12 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the store for inspection")
+    ap.add_argument(
+        "--daemon-gc", action="store_true", help="the daemon's git gc all along (see above)"
+    )
     a = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="clagd-p-", dir="/tmp")) if a.keep else None
-    report = run(a.rounds, a.kills, a.seed, workdir)
+    report = run(a.rounds, a.kills, a.seed, workdir, daemon_gc=a.daemon_gc)
     return 1 if report["problems"] else 0
 
 
