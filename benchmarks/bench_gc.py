@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,12 +39,13 @@ def say(msg: str) -> None:
     print(f"[bench_gc] {msg}", file=sys.stderr, flush=True)
 
 
-def loose(store: Path) -> int:
-    out = git(store, "count-objects", "-v")
-    return int(next(line.split()[1] for line in out.splitlines() if line.startswith("count:")))
+def objects(store: Path) -> dict[str, str]:
+    """`git count-objects -vH`: "count" (loose objects), "size-pack" (human), ..."""
+    out = git(store, "count-objects", "-vH")
+    return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
 
 
-def ask(sock: Path, qs: list[str], until: object = None) -> list[float]:
+def ask(sock: Path, qs: list[str], until: Callable[[], bool] | None = None) -> list[float]:
     """Query latencies (ms) for `qs`, stopping early once `until()` is true."""
     out = []
     with Client(sock, timeout=60) as c:
@@ -52,7 +53,7 @@ def ask(sock: Path, qs: list[str], until: object = None) -> list[float]:
             t = time.perf_counter()
             c.query(q)
             out.append((time.perf_counter() - t) * 1000)
-            if until is not None and i % 50 == 0 and until():  # type: ignore[operator]
+            if until is not None and i % 50 == 0 and until():
                 break
     return out
 
@@ -95,7 +96,7 @@ def main() -> None:
                     return st["counters"]["route_passes"] > passes and not st["route_pending"]
 
                 wait_for(routed, 600, "the route pass")
-            n_loose = loose(store)
+            n_loose = int(objects(store)["count"])
             say(f"{n_loose} loose objects; baseline queries (no gc)")
             ask(d.socket, qs[:50])  # warm-up
             base = ask(d.socket, qs[: a.queries])
@@ -120,19 +121,12 @@ def main() -> None:
             gc_s = time.perf_counter() - t
         finally:
             d.terminate()
-        n_after = loose(store)
-        packs = subprocess.run(
-            ["git", "count-objects", "-vH"], cwd=store, capture_output=True, text=True
-        ).stdout
-    size_pack = next(
-        (ln.split(":", 1)[1].strip() for ln in packs.splitlines() if ln.startswith("size-pack")),
-        "?",
-    )
+        after = objects(store)
     res = {
         "memories": a.size,
         "loose_before": n_loose,
-        "loose_after": n_after,
-        "size_pack": size_pack,
+        "loose_after": int(after["count"]),
+        "size_pack": after.get("size-pack", "?"),
         "gc_result": st["last_result"],
         "gc_seconds_seen": round(gc_s, 2),
         "queries_baseline": len(base),

@@ -56,6 +56,11 @@ DEBOUNCE_MIN_SECONDS = 0.05
 READ_AHEAD_MIN_AGE = 0.02
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What says a file is still the one that was read: inode, size, mtime."""
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def quiet_needed(gaps: Sequence[float], debounce: float) -> float:
     """The quiet a pass waits for after the last event, given the gaps (seconds) between
     the recent events of this burst. A burst written in a tight loop (1,000 files in 0.15
@@ -322,8 +327,8 @@ class InboxWatcher:
                 again = os.stat(path)
             except Exception:  # noqa: BLE001 - the pass reads it again and says what is wrong
                 continue
-            key = (st.st_ino, st.st_size, st.st_mtime_ns)
-            if key == (again.st_ino, again.st_size, again.st_mtime_ns):
+            key = _identity(st)
+            if key == _identity(again):
                 self._ahead[name] = (*key, items)
                 self._ahead_items += len(items)
 
@@ -338,7 +343,7 @@ class InboxWatcher:
             st = os.stat(path)
         except OSError:
             return None  # read again, which says why
-        if (st.st_ino, st.st_size, st.st_mtime_ns) != got[:3]:
+        if _identity(st) != got[:3]:
             return None
         self.read_ahead += 1
         return got[3]

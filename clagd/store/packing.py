@@ -75,10 +75,6 @@ class ObjectPacker:
     def enabled(self) -> bool:
         return self.interval > 0
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None
-
     def due(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         return self.enabled and self._proc is None and now >= self._next
