@@ -1344,7 +1344,7 @@ class Index:
         dense row of its BM25 contributions. Pass j adds the row of every memory's j-th term
         (a block of memories at a time), so a cell gets the same float32 additions in the
         same order as the cluster score vector of one memory (`_cluster_bm25`, plus exact zeros), and the answers equal
-        scoring each memory on its own (tests/test_index.py keeps that reference).
+        scoring each memory on its own (tests/retrieval/test_index.py keeps that reference).
         """
         out: list[str | None] = [None] * len(memories)
         if not memories or not self._cslot_of:

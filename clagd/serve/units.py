@@ -3,7 +3,7 @@
 A wheel cannot install units, so `install_service` writes them where systemd looks
 (`~/.config/systemd/user/` or `/etc/systemd/system/`) and returns the `systemctl` command to
 run next. The generic units shipped in `systemd/` come from the same renderer
-(`python -m clagd.service --write-static systemd/`), so both stay in step.
+(`python -m clagd.serve.units --write-static systemd/`), so both stay in step.
 
 Hardening notes, kept here because they decide what a unit may contain:
 - `RestrictAddressFamilies` allows AF_INET/AF_INET6 because the `ollama` backend speaks HTTP
@@ -532,7 +532,7 @@ def install_service_command(
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clagd.service")
+    parser = argparse.ArgumentParser(prog="python -m clagd.serve.units")
     parser.add_argument("--write-static", metavar="DIR", help="regenerate the generic units in DIR")
     args = parser.parse_args(argv)
     if not args.write_static:

@@ -158,15 +158,25 @@ def test_install_service_default_destination(
     assert written == [tmp_path / "cfg" / "systemd" / "user" / "clagd-m.service"]
 
 
+def _unit_files(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*") if p.is_file()}
+
+
 def test_shipped_units_match_the_renderer() -> None:
-    """systemd/ is generated: `python -m clagd.service --write-static systemd`."""
-    expected = render_static_units()
-    shipped = {
-        str(p.relative_to(SYSTEMD_DIR)): p.read_text()
-        for p in SYSTEMD_DIR.rglob("*")
-        if p.is_file()
-    }
-    assert shipped == expected
+    """systemd/ is generated: `python -m clagd.serve.units --write-static systemd`."""
+    assert _unit_files(SYSTEMD_DIR) == render_static_units()
+
+
+def test_the_write_static_command_writes_the_shipped_units(tmp_path: Path) -> None:
+    """The command docs/service.md gives packagers, run as they would run it."""
+    cmd = [sys.executable, "-m", "clagd.serve.units", "--write-static", str(tmp_path / "units")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert _unit_files(tmp_path / "units") == _unit_files(SYSTEMD_DIR)
+    printed = sorted(Path(line).relative_to(tmp_path / "units") for line in done.stdout.split())
+    assert [str(p) for p in printed] == sorted(render_static_units())
+    bare = subprocess.run(cmd[:3], capture_output=True, text=True, timeout=60, check=False)
+    assert bare.returncode == 2 and "python -m clagd.serve.units" in bare.stdout
 
 
 # --------------------------------------------------------------------------- systemd-analyze
