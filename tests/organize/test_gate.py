@@ -23,6 +23,7 @@ from clagd.organize.gate import GateResult, TaskScore, cache_file, gate_for
 from clagd.organize.prompts import load_prompt
 from clagd.organize.session import run_session
 from clagd.organize.validation import looping
+from clagd.slm.llamacpp import llama_cpp_installed
 from clagd.slm.ollama import OllamaBackend
 
 TEXTS = {
@@ -213,6 +214,13 @@ def test_backend_test_command(store: Path, fake: FakeOllama) -> None:
     res = runner.invoke(main, ["--store", str(store), "doctor"])
     assert res.exit_code == 0 and "organize  model 1.00" in res.output
     assert "may: route, organize, name, judge" in res.output
+
+
+@pytest.mark.skipif(
+    not llama_cpp_installed(),
+    reason="llama-cpp-python is not installed (pip install 'clagd[embedded]')",
+)
+def test_backend_test_names_a_missing_gguf(store: Path, fake: FakeOllama) -> None:
     make_store(
         store,
         {
@@ -223,6 +231,7 @@ def test_backend_test_command(store: Path, fake: FakeOllama) -> None:
             }
         },
     )
+    runner = CliRunner()
     res = runner.invoke(main, ["--store", str(store), "backend", "test", "--kind", "llamacpp"])
     assert res.exit_code == 0 and "no model answers" in res.output, res.output
     assert "GGUF file not found" in res.output
