@@ -38,6 +38,7 @@ from corpus import memories, queries  # noqa: E402
 from clagd.engine.core import answer  # noqa: E402
 from clagd.model import Cluster, Memory  # noqa: E402
 from clagd.protocol import QueryParams  # noqa: E402
+from clagd.retrieval.change import IndexChange  # noqa: E402
 from clagd.retrieval.index import Index  # noqa: E402
 from clagd.serve.server import Dispatcher, encode_reply  # noqa: E402
 from clagd.text import tokenize  # noqa: E402
@@ -65,7 +66,7 @@ def build_index(n: int, unsorted: int = 0, removed: int = 0) -> Index:
         changed = []
         for c in clusters[: min(removed, len(clusters))]:
             changed.append(Cluster(c.id, c.name, c.description, memories=c.memories[1:]))
-        index = index.apply(upsert_clusters=changed)
+        index = index.apply(IndexChange(upsert_clusters=changed))
     return index
 
 

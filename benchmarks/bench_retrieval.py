@@ -19,6 +19,7 @@ from rank_bm25 import BM25Okapi
 
 from clagd.config import RetrievalConfig
 from clagd.model import Cluster, Memory
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.text import tokenize
 
@@ -64,12 +65,14 @@ def main() -> None:
         build = time.perf_counter() - t
         batch = [Memory.new(f"new memory {i} " + queries[i], T0.isoformat()) for i in range(100)]
         t = time.perf_counter()
-        ix2 = ix.apply(add_unsorted=batch)
+        ix2 = ix.apply(IndexChange(add_unsorted=batch), routes=True)
         apply_ms = (time.perf_counter() - t) * 1000
         first = next(iter(clusters.values()))
         changed = Cluster(first.id, "renamed topic", memories=first.memories[:40])
         t = time.perf_counter()
-        ix2.apply(upsert_clusters=[changed], remove_unsorted=[m.id for m in batch[:10]])
+        ix2.apply(
+            IndexChange(upsert_clusters=[changed], remove_unsorted=[m.id for m in batch[:10]])
+        )
         session_ms = (time.perf_counter() - t) * 1000
         lat = []
         for q in queries:

@@ -19,7 +19,7 @@ from typing import Any
 
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, summary
-from clagd.engine.hooks import EngineHooks, IndexChange, PreparedIndex, SessionRunner
+from clagd.engine.hooks import EngineHooks, PreparedIndex, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideEdits
 from clagd.engine.recovery import recover
@@ -31,6 +31,7 @@ from clagd.ingest.batch import IngestResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
 from clagd.model import Memory, iso_utc
 from clagd.protocol import QueryParams
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.store.files import Paths, StoreState, ignored_files, is_data_path, is_store
 from clagd.store.gitrepo import GitStore
@@ -213,22 +214,15 @@ class Engine:
     @staticmethod
     def _index_change(changes: Changes, state: StoreState) -> IndexChange | None:
         if changes.full:
-            clusters, unsorted = tuple(state.clusters.values()), state.unsorted_memories()
-            return IndexChange(True, clusters, (), tuple(unsorted))
-        if (
-            changes.upsert_clusters
-            or changes.remove_clusters
-            or changes.add_unsorted
-            or changes.remove_unsorted
-        ):
-            return IndexChange(
-                False,
-                tuple(changes.upsert_clusters),
-                tuple(changes.remove_clusters),
-                tuple(changes.add_unsorted),
-                tuple(changes.remove_unsorted),
-            )
-        return None
+            return IndexChange.whole(state.clusters.values(), state.unsorted_memories())
+        change = IndexChange(
+            False,
+            tuple(changes.upsert_clusters),
+            tuple(changes.remove_clusters),
+            tuple(changes.add_unsorted),
+            tuple(changes.remove_unsorted),
+        )
+        return None if change.empty else change
 
     def _announce_index(self, changes: Changes, state: StoreState) -> None:
         """A commit's files are about to be written: the query processes (`on_index_prepare`)
@@ -251,7 +245,7 @@ class Engine:
             change = self._index_change(changes, state)
         if change is None:
             return None
-        return PreparedIndex(self.index, changes, change, change.applied_to(self.index))
+        return PreparedIndex(self.index, changes, change, self.index.apply(change, routes=True))
 
     def _on_change(
         self, changes: Changes, state: StoreState, prepared: PreparedIndex | None = None
@@ -266,7 +260,7 @@ class Engine:
         else:
             change = self._index_change(changes, state)
             if change is not None:
-                self.index = change.applied_to(self.index)
+                self.index = self.index.apply(change, routes=True)
         if change is not None and self.hooks.on_index is not None:
             self.hooks.on_index(change)
         if changes.full or changes.archive_changed:

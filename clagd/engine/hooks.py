@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from clagd.model import Cluster, Memory
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 if TYPE_CHECKING:
@@ -24,33 +24,6 @@ class SessionRunner(Protocol):
     def __call__(
         self, engine: Engine, trigger: str = ..., backend: str | None = ...
     ) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class IndexChange:
-    """What the writer just did to the served index, for a copy of it (a query process) to
-    do the same: `Index.apply` with these arguments, or, when `build`, `Index.build` from
-    `upsert_clusters` and `add_unsorted` (the whole store, taken in from outside)."""
-
-    build: bool = False
-    upsert_clusters: tuple[Cluster, ...] = ()
-    remove_clusters: tuple[str, ...] = ()
-    add_unsorted: tuple[Memory, ...] = ()
-    remove_unsorted: tuple[str, ...] = ()
-
-    def applied_to(self, index: Index, routes: bool = True) -> Index:
-        """The snapshot this change makes of `index`: what the engine serves after it, and
-        what a query process's copy becomes (`routes=False`: it never routes, see
-        `Index.apply`)."""
-        if self.build:
-            return Index.build(self.upsert_clusters, self.add_unsorted, index.cfg, index.ingest)
-        return index.apply(
-            upsert_clusters=self.upsert_clusters,
-            remove_clusters=self.remove_clusters,
-            add_unsorted=self.add_unsorted,
-            remove_unsorted=self.remove_unsorted,
-            routes=routes,
-        )
 
 
 @dataclass(frozen=True, eq=False)

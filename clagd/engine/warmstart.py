@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clagd.config import Config
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.store.files import StoreState
 from clagd.store.gitrepo import GitStore
@@ -43,12 +44,14 @@ def reread_at(
     objects (not the working tree, whose own changes are taken in as outside edits)."""
     texts = git.texts_at(commit, rel_paths)
     state, changes = read_changes(root, state, rel_paths, texts)
-    index = index.apply(
-        upsert_clusters=changes.upsert_clusters,
-        remove_clusters=changes.remove_clusters,
-        add_unsorted=changes.add_unsorted,
-        remove_unsorted=changes.remove_unsorted,
+    change = IndexChange(
+        False,
+        tuple(changes.upsert_clusters),
+        tuple(changes.remove_clusters),
+        tuple(changes.add_unsorted),
+        tuple(changes.remove_unsorted),
     )
+    index = index.apply(change, routes=True)
     return state, index
 
 

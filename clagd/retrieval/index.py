@@ -35,6 +35,7 @@ import numpy as np
 
 from clagd.config import Config, IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory, parse_epoch
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.timeline import Timeline
 from clagd.text import estimate_tokens, tokenize
 
@@ -751,7 +752,7 @@ class Index:
         ingest: IngestConfig | None = None,
     ) -> Index:
         values = clusters.values() if isinstance(clusters, Mapping) else clusters
-        return cls(cfg, ingest).apply(upsert_clusters=values, add_unsorted=unsorted)
+        return cls(cfg, ingest).apply(IndexChange(True, tuple(values), (), tuple(unsorted)))
 
     def __len__(self) -> int:
         return self._n_alive
@@ -775,20 +776,25 @@ class Index:
         get = self._vocab.get
         return [i for i in map(get, self._tokens(text)) if i is not None]
 
-    def apply(
-        self,
-        upsert_clusters: Iterable[Cluster] = (),
-        remove_clusters: Iterable[str] = (),
-        add_unsorted: Iterable[Memory] = (),
-        remove_unsorted: Iterable[str] = (),
-        routes: bool = True,
-    ) -> Index:
-        """A new snapshot with these changes; the work is proportional to what changed.
-        (A whole store loaded at start-up is built at once instead: `retrieval.bulk`.)
-        `routes`: the new snapshot will route the added unsorted memories (the writer's):
-        their term ids are kept for it. A copy that only answers queries passes False."""
+    def apply(self, change: IndexChange, routes: bool = False) -> Index:
+        """The snapshot `change` makes of this one; the work is proportional to what
+        changed. A `build` change makes a fresh snapshot (same settings) of its clusters
+        and unsorted memories. (A whole store loaded at start-up is built at once instead:
+        `retrieval.bulk`.)
+
+        `routes` (default False): keep the term ids of the added unsorted memories, so
+        that `route_many` on them (the writer's route pass) does not tokenize them again.
+        Only the writer's own snapshot routes, so only it passes True; a copy that only
+        answers queries (a query process) keeps the default."""
+        if change.build:
+            fresh = Index(self.cfg, self.ingest)
+            return fresh._apply(change.upsert_clusters, (), change.add_unsorted, (), routes=routes)
         return self._apply(
-            upsert_clusters, remove_clusters, add_unsorted, remove_unsorted, routes=routes
+            change.upsert_clusters,
+            change.remove_clusters,
+            change.add_unsorted,
+            change.remove_unsorted,
+            routes=routes,
         )
 
     @property

@@ -20,12 +20,13 @@ from typing import Any
 
 from clagd.config import Config, load_config
 from clagd.engine.core import Engine
-from clagd.engine.hooks import EngineHooks, IndexChange
+from clagd.engine.hooks import EngineHooks
 from clagd.errors import StoreLocked
 from clagd.ingest.watcher import InboxWatcher
 from clagd.libc import malloc_trim
 from clagd.organize.session import engine_session_runner
 from clagd.protocol import resolve_socket
+from clagd.retrieval.change import IndexChange
 from clagd.serve import sdnotify
 from clagd.serve.queryproc import CountingDispatcher, QueryProcesses, lower_priority
 from clagd.serve.reconfig import ConfigReloader

@@ -4,7 +4,7 @@ index, outside the daemon's GIL, and hands every other request to the daemon.
 The daemon starts it with `python -m clagd.serve.query_worker`, passing the listening
 socket, one end of a control socket pair and the daemon's internal address. Over the
 control channel the daemon sends the index once (`init`) and then every change its writer
-makes (`apply`, the same `Index.apply` or `Index.build` arguments), each with a version;
+makes (`apply`, the same `IndexChange` its `Index.apply` took), each with a version;
 this process applies them in order and answers `applied` with the version, which is what
 lets the daemon answer a write only once every query process serves it. A change the
 writer is still committing comes first as `prepare`: this process makes its snapshot while
@@ -39,10 +39,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from clagd.engine.core import answer
-from clagd.engine.hooks import IndexChange
 from clagd.errors import ClagdError
 from clagd.libc import libc
 from clagd.protocol import QueryParams, error_reply
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.serve.logs import setup_logging
 from clagd.serve.queryproc import COUNTED_KEY
@@ -75,7 +75,7 @@ class Replica:
     def prepare(self, change: IndexChange) -> None:
         """Make the snapshot `change` gives, beside the one served (the daemon is committing
         it); `commit` serves it."""
-        self.pending = (change, self.index, change.applied_to(self.index, routes=False))
+        self.pending = (change, self.index, self.index.apply(change))
 
     def commit(self, version: int) -> None:
         """The change last prepared was committed: serve its snapshot."""
@@ -83,13 +83,13 @@ class Replica:
             raise ClagdError(f"told to serve version {version}, which was never prepared")
         change, base, made = self.pending
         self.pending = None
-        self.index = made if base is self.index else change.applied_to(self.index, routes=False)
+        self.index = made if base is self.index else self.index.apply(change)
         self.version = version
         self.send(("applied", version))
 
     def apply(self, version: int, change: IndexChange) -> None:
         self.pending = None  # a change prepared but not committed (its commit failed)
-        self.index = change.applied_to(self.index, routes=False)
+        self.index = self.index.apply(change)
         self.version = version
         self.send(("applied", version))
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from clagd.config import ServerConfig
 from clagd.engine.core import Engine
-from clagd.engine.hooks import IndexChange
+from clagd.retrieval.change import IndexChange
 from clagd.serve.server import Dispatcher
 from clagd.store.writer import WriteContext
 

@@ -15,6 +15,7 @@ from helpers import assert_same_index
 from clagd.config import RetrievalConfig
 from clagd.model import Cluster, Memory
 from clagd.retrieval import bulk
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -131,7 +132,7 @@ def test_a_bulk_built_index_takes_changes_like_any_other() -> None:
         "remove_clusters": [clusters[0].id],
         "remove_unsorted": [unsorted[0].id],
     }
-    a, b = got.apply(**change), plain.apply(**change)  # type: ignore[arg-type]
+    a, b = got.apply(IndexChange(**change)), plain.apply(IndexChange(**change))
     assert _results(a) == _results(b)
     assert a.memory_ids() == b.memory_ids()
 

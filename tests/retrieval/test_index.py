@@ -7,6 +7,7 @@ from rank_bm25 import BM25Okapi
 
 from clagd.config import Config, IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.text import tokenize
 
@@ -135,10 +136,12 @@ def test_incremental_apply_equals_full_rebuild():
     changed2 = Cluster(changed.id, "Renamed topic", memories=changed.memories[2:] + moved)
     added = [mem("fresh note " + " ".join(rng.choices(vocab, k=5)), 99)]
     inc = ix.apply(
-        upsert_clusters=[changed2],
-        remove_clusters=[gone],
-        add_unsorted=added,
-        remove_unsorted=[m.id for m in moved],
+        IndexChange(
+            upsert_clusters=[changed2],
+            remove_clusters=[gone],
+            add_unsorted=added,
+            remove_unsorted=[m.id for m in moved],
+        )
     )
     final = {cid: c for cid, c in clusters.items() if cid != gone}
     final[changed2.id] = changed2
@@ -152,7 +155,7 @@ def test_incremental_apply_equals_full_rebuild():
 def test_compaction_keeps_results():
     clusters, unsorted, vocab, rng = _random_store(2, n_clusters=3, per=5, n_unsorted=1200)
     ix = Index.build(clusters, unsorted)
-    ix2 = ix.apply(remove_unsorted=[m.id for m in unsorted[:1100]])
+    ix2 = ix.apply(IndexChange(remove_unsorted=[m.id for m in unsorted[:1100]]))
     assert len(ix2._mems) == len(ix2)  # dead slots outnumbered live ones: compacted
     full = Index.build(clusters, unsorted[1100:])
     _same(ix2, full, [" ".join(rng.choices(vocab, k=3)) for _ in range(10)])
@@ -359,7 +362,7 @@ def test_many_mixed_changes_equal_a_full_rebuild():
                 kw = {"upsert_clusters": [clusters[cid], clusters[nid]]}
         if not kw:
             continue
-        ix = ix.apply(**kw)
+        ix = ix.apply(IndexChange(**kw))
         history.append((ix, dict(clusters), list(unsorted)))
         if step % 5 == 0:
             _same(ix, Index.build(clusters, unsorted), queries)
@@ -374,7 +377,7 @@ def test_compaction_after_many_removals_keeps_answers():
     live: list[Memory] = []
     for batch in range(12):
         new = [mem(" ".join(rng.choices(vocab, k=5)) + f" b{batch}x{i}", i) for i in range(200)]
-        ix = ix.apply(add_unsorted=new, remove_unsorted=[m.id for m in live[:150]])
+        ix = ix.apply(IndexChange(add_unsorted=new, remove_unsorted=[m.id for m in live[:150]]))
         live = live[150:] + new
     assert len(ix._mems) < 2 * len(ix) + 1100  # compacted along the way
     _same(ix, Index.build(clusters, live), [" ".join(rng.choices(vocab, k=3)) for _ in range(6)])
@@ -384,7 +387,7 @@ def test_search_cache_is_per_snapshot():
     ix = Index.build({HIKING.id: HIKING}, [])
     a = ix.search("hiking boots")
     assert ix.search("hiking boots") is a and ix.cache_hits == 1
-    ix2 = ix.apply(add_unsorted=[mem("hiking boots on sale", 20)])
+    ix2 = ix.apply(IndexChange(add_unsorted=[mem("hiking boots on sale", 20)]))
     b = ix2.search("hiking boots")
     assert b is not a and ix2.cache_hits == 0
     assert "hiking boots on sale" in b.context
@@ -515,10 +518,12 @@ def test_candidate_scoring_equals_the_dense_reference(freshness, neighbors):
     c1 = clusters["c-00000001"]
     edited = [mem(c1.memories[0].content + " w5 edited", 50), *c1.memories[1:]]
     ix2 = ix.apply(
-        upsert_clusters=[Cluster(c1.id, "Renamed", memories=edited)],
-        remove_clusters=["c-00000002"],
-        add_unsorted=[mem(" ".join(rng.choices(vocab, k=5)), 60)],
-        remove_unsorted=[m.id for m in unsorted[:4]],
+        IndexChange(
+            upsert_clusters=[Cluster(c1.id, "Renamed", memories=edited)],
+            remove_clusters=["c-00000002"],
+            add_unsorted=[mem(" ".join(rng.choices(vocab, k=5)), 60)],
+            remove_unsorted=[m.id for m in unsorted[:4]],
+        )
     )
     assert ix2._n_alive < len(ix2._alive)
     _check_dense(ix2, queries, now)
@@ -583,8 +588,10 @@ def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
     cids = sorted(clusters)
     c = clusters[cids[0]]
     ix2 = ix.apply(
-        upsert_clusters=[Cluster(c.id, "Other name", memories=c.memories[1:])],
-        remove_clusters=[cids[1]],
+        IndexChange(
+            upsert_clusters=[Cluster(c.id, "Other name", memories=c.memories[1:])],
+            remove_clusters=[cids[1]],
+        )
     )
     assert len(ix2._c_dead)
     assert ix2.route_many(batch) == [_route_one(ix2, m) for m in batch]
@@ -650,10 +657,12 @@ def test_bm25_with_kept_terms_equals_the_plain_scatter_bit_for_bit():
     c1 = clusters["c-00000001"]
     edited = [mem(c1.memories[0].content + " w5 edited", 50), *c1.memories[1:]]
     ix = ix.apply(
-        upsert_clusters=[Cluster(c1.id, "Renamed w7", memories=edited)],
-        remove_clusters=["c-00000002"],
-        add_unsorted=[mem(" ".join(rng.choices(vocab, k=6)), 60 + i) for i in range(5)],
-        remove_unsorted=[m.id for m in unsorted[:3]],
+        IndexChange(
+            upsert_clusters=[Cluster(c1.id, "Renamed w7", memories=edited)],
+            remove_clusters=["c-00000002"],
+            add_unsorted=[mem(" ".join(rng.choices(vocab, k=6)), 60 + i) for i in range(5)],
+            remove_unsorted=[m.id for m in unsorted[:3]],
+        )
     )
     assert len(ix._segs) > 1 and ix._n_alive < len(ix._alive)
     assert len(ix._cslot_of) < len(ix._c_alive)
@@ -669,7 +678,7 @@ def test_bm25_with_kept_terms_equals_the_plain_scatter_bit_for_bit():
             assert np.array_equal(first, want) and np.array_equal(again, want)
     assert ix._m_terms.terms and ix._c_terms.terms
     # a new snapshot starts with no kept terms, and its own IDF
-    ix2 = ix.apply(add_unsorted=[mem("w5 w5 w9 fresh", 90)])
+    ix2 = ix.apply(IndexChange(add_unsorted=[mem("w5 w5 w9 fresh", 90)]))
     assert not ix2._m_terms.terms and not ix2._c_terms.terms
     q = [ix2._vocab[w] for w in ("w5", "w9", "fresh")]
     assert np.array_equal(ix2._bm25(q), _plain_bm25(ix2, q))
@@ -726,12 +735,12 @@ def test_the_route_key_changes_exactly_when_a_cluster_does() -> None:
     c = Cluster("c-1", "Sailing", memories=[Memory.new("sailing the boat in the harbour")])
     idx = Index.build([c], [])
     loose = Memory.new("the harbour wind was strong")
-    more = idx.apply(add_unsorted=[loose])
+    more = idx.apply(IndexChange(add_unsorted=[loose]))
     assert more.route_key is idx.route_key
-    assert more.apply(remove_unsorted=[loose.id]).route_key is idx.route_key
+    assert more.apply(IndexChange(remove_unsorted=[loose.id])).route_key is idx.route_key
     grown = Cluster("c-1", "Sailing", memories=[*c.memories, Memory.new("boat trip")])
-    assert more.apply(upsert_clusters=[grown]).route_key is not idx.route_key
-    assert more.apply(remove_clusters=["c-1"]).route_key is not idx.route_key
+    assert more.apply(IndexChange(upsert_clusters=[grown])).route_key is not idx.route_key
+    assert more.apply(IndexChange(remove_clusters=["c-1"])).route_key is not idx.route_key
     copy = pickle.loads(pickle.dumps(more, pickle.HIGHEST_PROTOCOL))
     assert copy.route_key is not more.route_key
     assert copy.route_many([loose]) == more.route_many([loose])
@@ -754,7 +763,7 @@ def test_routing_new_unsorted_memories_reuses_their_term_ids_and_answers_the_sam
         Memory.new("ricotta bread baking again, the cheese"),
         Memory.new("nothing in common here at all"),
     ]
-    more = idx.apply(add_unsorted=loose)
+    more = idx.apply(IndexChange(add_unsorted=loose), routes=True)
     assert set(more._loose_tids) == {m.id for m in loose}
     want = idx.route_many(loose)
     assert want[:2] == ["c-1", "c-2"]
@@ -763,4 +772,6 @@ def test_routing_new_unsorted_memories_reuses_their_term_ids_and_answers_the_sam
     other = Memory(loose[0].id, "baking ricotta bread cheese", loose[0].created_at)
     assert more.route_many([other]) == idx.route_many([other]) == ["c-2"]
     assert not pickle.loads(pickle.dumps(more, pickle.HIGHEST_PROTOCOL))._loose_tids
-    assert not more.apply(remove_unsorted=[loose[2].id])._loose_tids  # only the adding change
+    gone = IndexChange(remove_unsorted=[loose[2].id])
+    assert not more.apply(gone, routes=True)._loose_tids  # only the adding change keeps them
+    assert not idx.apply(IndexChange(add_unsorted=loose))._loose_tids  # routes=False: none

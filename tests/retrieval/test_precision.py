@@ -10,6 +10,7 @@ from helpers import InProcessDaemon, make_store
 
 from clagd.config import RetrievalConfig
 from clagd.model import Cluster, Memory
+from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
@@ -131,8 +132,8 @@ def test_rarity_cut_equal_on_incremental_and_rebuilt_snapshots() -> None:
     ]
     inc = Index.build({}, mems[:5], cfg)
     for i in range(5, 60, 5):
-        inc = inc.apply(add_unsorted=mems[i : i + 5])
-    inc = inc.apply(remove_unsorted=[m.id for m in mems[10:20]])
+        inc = inc.apply(IndexChange(add_unsorted=mems[i : i + 5]))
+    inc = inc.apply(IndexChange(remove_unsorted=[m.id for m in mems[10:20]]))
     whole = Index.build({}, mems[:10] + mems[20:], cfg)
     for q in ("user tea", "vinyl for the user", "rain boots lisbon", "garden user note"):
         a = inc.search(q, max_memories=10, token_budget=0)

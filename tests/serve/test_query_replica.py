@@ -34,7 +34,7 @@ def test_the_copy_answers_as_the_engine_after_every_change(tmp_path: Path) -> No
     def check(step: str) -> None:
         nonlocal copy, seen
         for data in changes[seen:]:
-            copy = pickle.loads(data).applied_to(copy)
+            copy = copy.apply(pickle.loads(data))
         seen = len(changes)
         assert len(copy) == len(eng.index), step
         for q in QUERIES:
@@ -163,9 +163,9 @@ def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path:
 
 
 def test_a_prepared_change_whose_commit_failed_is_never_served() -> None:
-    from clagd.engine.hooks import IndexChange
     from clagd.errors import ClagdError
     from clagd.model import Memory
+    from clagd.retrieval.change import IndexChange
     from clagd.serve.query_worker import Replica
 
     channel = _Channel()
