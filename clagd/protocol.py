@@ -19,7 +19,8 @@ import re
 import stat
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, fields, is_dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -180,8 +181,38 @@ def prepare_socket_dir(path: str | os.PathLike[str]) -> None:
 # --------------------------------------------------------------------------- replies
 
 
-def ok_reply(rid: Any, result: Any) -> dict[str, Any]:
-    return {"id": rid, "ok": True, "result": result}
+def ok_reply(rid: Any, result: object) -> dict[str, Any]:
+    """A result reply: `result` (an operation's dataclass, or plain data) as JSON values."""
+    return {"id": rid, "ok": True, "result": to_wire(result)}
+
+
+# the metadata of a result dataclass's field that the reply leaves out while it is None
+OMIT_NONE: Mapping[str, object] = {"wire": "omit_none"}
+
+
+@cache
+def _wire_fields(cls: type) -> tuple[tuple[str, bool], ...]:
+    found: tuple[Field[object], ...] = fields(cls)
+    return tuple((f.name, f.metadata.get("wire") == "omit_none") for f in found)
+
+
+def to_wire(obj: object) -> object:
+    """What a result is on the wire (the one place the engine's typed results become JSON
+    values): a dataclass is an object of its fields in their order (one whose metadata is
+    `OMIT_NONE` left out while None), a tuple or list an array, a mapping an object."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, object] = {}
+        for name, omit_none in _wire_fields(type(obj)):
+            value = getattr(obj, name)
+            if value is None and omit_none:
+                continue
+            out[name] = to_wire(value)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_wire(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_wire(v) for k, v in obj.items()}
+    return obj
 
 
 def error_reply(rid: Any, code: str, message: str) -> dict[str, Any]:

@@ -9,9 +9,9 @@ The functions here are writer operations' bodies: they run on the writer thread 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from clagd.config import ArchiveConfig
+from clagd.engine.results import Archived, Thawed
 from clagd.engine.stats import AccessStats
 from clagd.model import parse_epoch
 from clagd.store.files import StoreState
@@ -39,12 +39,12 @@ def cold_clusters(
 
 def archive_cold(
     ctx: WriteContext, stats: AccessStats, cfg: ArchiveConfig, dry_run: bool, now: float | None
-) -> dict[str, Any]:
+) -> Archived:
     """Move the cold clusters to the archive in one commit (or only list them)."""
     cold = cold_clusters(ctx.state, stats, cfg, now)
-    names = [ctx.state.clusters[c].name for c in cold]
+    names = tuple(ctx.state.clusters[c].name for c in cold)
     if dry_run or not cold:
-        return {"dry_run": dry_run, "clusters": cold, "names": names, "commit": None}
+        return Archived(dry_run, tuple(cold), names, None)
     for cid in cold:
         ctx.touch_cluster(cid)
         ctx.touch_archive(cid)
@@ -54,15 +54,15 @@ def archive_cold(
         "\n".join(f"- {cid}: {n}" for cid, n in zip(cold, names)),
         {"kind": "archive", "clusters": len(cold)},
     )
-    return {"dry_run": False, "clusters": cold, "names": names, "commit": sha}
+    return Archived(False, tuple(cold), names, sha)
 
 
-def thaw(ctx: WriteContext, stats: AccessStats, cids: list[str]) -> dict[str, Any]:
+def thaw(ctx: WriteContext, stats: AccessStats, cids: list[str]) -> Thawed:
     """Bring archived clusters back to `clusters/` in one commit; ids no longer archived
     (thawed by an earlier query) are skipped."""
     cids = [c for c in cids if c in ctx.state.archived]
     if not cids:
-        return {"clusters": [], "commit": None}
+        return Thawed((), None)
     for cid in cids:
         ctx.touch_cluster(cid)
         ctx.touch_archive(cid)
@@ -73,4 +73,4 @@ def thaw(ctx: WriteContext, stats: AccessStats, cids: list[str]) -> dict[str, An
         "\n".join(f"- {c}: {ctx.state.clusters[c].name}" for c in cids),
         {"kind": "thaw", "clusters": len(cids)},
     )
-    return {"clusters": cids, "commit": sha}
+    return Thawed(tuple(cids), sha)

@@ -14,20 +14,35 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, summary
 from clagd.engine.hooks import EngineHooks, PreparedIndex, SessionRunner
 from clagd.engine.loader import load_store
-from clagd.engine.outside import OutsideEdits
+from clagd.engine.outside import OutsideChange, OutsideEdits
 from clagd.engine.recovery import recover
+from clagd.engine.results import (
+    Added,
+    Archived,
+    ClusterList,
+    ClusterScore,
+    Log,
+    LogEntry,
+    MemoryHit,
+    QueryResult,
+    Reverted,
+    Rounds,
+    Status,
+    Thawed,
+)
 from clagd.engine.routing import RouteQueue
 from clagd.engine.stats import AccessStats
 from clagd.engine.warmstart import WarmStart, reread_at
 from clagd.errors import BadRequest, Conflict, Paused, StoreError
-from clagd.ingest.batch import IngestResult, ingest_items, route_shards
+from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
 from clagd.model import Memory, iso_utc
 from clagd.protocol import QueryParams
@@ -38,6 +53,9 @@ from clagd.store.gitrepo import GitStore
 from clagd.store.packing import ObjectPacker
 from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer
 
+if TYPE_CHECKING:
+    from clagd.organize.session import SessionOutcome
+
 log = logging.getLogger("clagd")
 
 
@@ -47,13 +65,20 @@ def answer(
     archive: Index | None = None,
     clusters: list[str] | None = None,
     archived_ids: set[str] | frozenset[str] = frozenset(),
-) -> tuple[dict[str, Any], list[str], list[str]]:
-    """A query's reply from one index snapshot (the DESIGN shape, without `took_ms`), with
-    the memory and cluster ids it returned (what the access statistics count)."""
+    *,
+    started: float | None = None,
+) -> tuple[QueryResult, list[str], list[str]]:
+    """A query's reply from one index snapshot (`took_ms`: since `started`, a
+    `time.perf_counter()`; 0 without it), with the memory and cluster ids it returned
+    (what the access statistics count)."""
     res = index.search(q.text, q.max_memories, q.token_budget, archive=archive, clusters=clusters)
-    out = res.to_dict()
-    for m in out["memories"]:
-        m["archived"] = m["cluster_id"] in archived_ids
+    out = QueryResult(
+        tuple(MemoryHit.of(h, h.cluster_id in archived_ids) for h in res.memories),
+        tuple(ClusterScore(cid, name, round(float(sc), 4)) for cid, name, sc in res.clusters),
+        res.context,
+        res.tokens,
+        0.0 if started is None else round((time.perf_counter() - started) * 1000, 3),
+    )
     memory_ids = [h.memory.id for h in res.memories]
     cluster_ids = sorted({h.cluster_id for h in res.memories if h.cluster_id})
     return out, memory_ids, cluster_ids
@@ -97,7 +122,7 @@ class Engine:
         self.new_since_session = 0
         self.rounds_since_session = 0
         self.session_lock = threading.Lock()
-        self.last_session: dict[str, Any] | None = None
+        self.last_session: SessionOutcome | None = None
         self._log_loaded(state)
         if start:
             self.start()
@@ -281,12 +306,12 @@ class Engine:
         return idx
 
     # -- adding ---------------------------------------------------------------------------
-    def add(self, raw_items: list[Any], source: str = "socket") -> dict[str, Any]:
+    def add(self, raw_items: list[Any], source: str = "socket") -> Added:
         """Validate every item first (all or nothing), then commit them as one batch."""
         if not isinstance(raw_items, list) or not raw_items:
             raise BadRequest("'items' must be a non-empty list")
         items = [validate_item(r, f"item {i + 1}") for i, r in enumerate(raw_items)]
-        return self.ingest(items, source=source).to_dict()
+        return Added.of(self.ingest(items, source=source))
 
     def ingest(self, items: list[Item], source: str = "inbox", files: int = 0) -> IngestResult:
         try:
@@ -334,7 +359,7 @@ class Engine:
 
     def maybe_route(
         self, force: bool = False, wait: bool = True, inbox_quiet: bool = False
-    ) -> dict[str, Any] | None:
+    ) -> RouteResult | None:
         """Run the route pass when it is due (or waiting at all, with `force`; see
         `RouteQueue.due` for `inbox_quiet`). With `wait=False` (housekeeping) it is queued
         on the writer and this returns at once."""
@@ -342,7 +367,8 @@ class Engine:
             return None
         fut = self.writer.submit(self._route_op)
         fut.add_done_callback(self._route_done)
-        return fut.result() if wait else None
+        result: RouteResult | None = fut.result() if wait else None
+        return result
 
     def _route_done(self, fut: Future) -> None:
         self.routes.release()
@@ -360,7 +386,7 @@ class Engine:
         targets = index.route_many(mems)
         self.routes.keep_scores(shard, index.route_key, dict(zip((m.id for m in mems), targets)))
 
-    def _route_op(self, ctx: WriteContext) -> dict[str, Any]:
+    def _route_op(self, ctx: WriteContext) -> RouteResult:
         # as for ingest: take in a hand edit first, routing rewrites cluster files
         self._outside_op(ctx)
         taken = self.routes.waiting()
@@ -390,7 +416,7 @@ class Engine:
                 res.clusters,
                 res.commit[:10],
             )
-        return res.to_dict()
+        return res
 
     def _route(self, memories: list[Memory]) -> list[str | None]:
         return self.index.route_many(memories)
@@ -407,12 +433,12 @@ class Engine:
         token_budget: int | None = None,
         include_archive: bool = False,
         count_round: bool = True,
-    ) -> dict[str, Any]:
+    ) -> QueryResult:
         """Answer a query (the DESIGN shape: memories, clusters, context, tokens)."""
         params = QueryParams(text, max_memories, token_budget, include_archive)
         return self.run_query(params.check(), count_round)
 
-    def run_query(self, q: QueryParams, count_round: bool = True) -> dict[str, Any]:
+    def run_query(self, q: QueryParams, count_round: bool = True) -> QueryResult:
         """`query` with checked parameters (what the socket server calls)."""
         t0 = time.perf_counter()
         archive_idx = self.archive_index() if q.include_archive else None
@@ -420,16 +446,15 @@ class Engine:
         # optional SLM pick among the lexical candidates (None: the lexical choice)
         refiner = self.hooks.refiner
         chosen = refiner.choose(index, q.text) if refiner is not None else None
-        archived_ids = (
-            {c["id"] for c in self._summaries if c["archived"]} if q.include_archive else set()
+        archived_ids = {c.id for c in self._summaries if c.archived} if q.include_archive else set()
+        out, memory_ids, cluster_ids = answer(
+            index, q, archive_idx, chosen, archived_ids, started=t0
         )
-        out, memory_ids, cluster_ids = answer(index, q, archive_idx, chosen, archived_ids)
-        out["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         self.note_query(memory_ids, cluster_ids, count_round)
-        hit_archived = sorted({m["cluster_id"] for m in out["memories"] if m["archived"]})
+        hit_archived = sorted({m.cluster_id for m in out.memories if m.archived and m.cluster_id})
         if hit_archived and self.config.archive.thaw_on_hit:
             self.writer.submit(self._thaw_op, hit_archived)
-            out["thawing"] = hit_archived
+            out = replace(out, thawing=tuple(hit_archived))
         return out
 
     def note_query(self, memory_ids: list[str], cluster_ids: list[str], count_round: bool) -> None:
@@ -440,136 +465,125 @@ class Engine:
         if count_round:
             self.round(1)
 
-    def round(self, n: int = 1) -> dict[str, Any]:
+    def round(self, n: int = 1) -> Rounds:
         if not isinstance(n, int) or n < 1:
             raise BadRequest("'n' must be a positive integer")
         self.rounds_since_session += n
         if self.rounds_since_session >= self.config.session.dialogue_round_threshold:
             self._threshold("rounds")
-        return {"rounds_since_session": self.rounds_since_session}
+        return Rounds(self.rounds_since_session)
 
-    def clusters(self, include_archive: bool = False) -> dict[str, Any]:
+    def clusters(self, include_archive: bool = False) -> ClusterList:
         out = []
         for c in self._summaries:
-            if c["archived"] and not include_archive:
+            if c.archived and not include_archive:
                 continue
-            count, last = self.stats.cluster(c["id"])
-            out.append({**c, "access_count": count, "last_accessed": _iso(last)})
-        out.sort(key=lambda c: (c["archived"], -c["size"], c["name"]))
-        return {"clusters": out, "unsorted": self.index_unsorted_count()}
+            count, last = self.stats.cluster(c.id)
+            out.append(replace(c, access_count=count, last_accessed=_iso(last)))
+        out.sort(key=lambda c: (c.archived, -c.size, c.name))
+        return ClusterList(tuple(out), self.index_unsorted_count())
 
     def index_unsorted_count(self) -> int:
-        return len(self.index) - sum(c["size"] for c in self._summaries if not c["archived"])
+        return len(self.index) - sum(c.size for c in self._summaries if not c.archived)
 
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "store": str(self.root),
-            "head": self.head,
-            "uptime_seconds": round(time.time() - self.started_at, 1),
-            "load_seconds": round(self.load_seconds, 3),
-            "load_source": self.load_source,
-            "load_processes": self.load_processes,
-            "route_pending": len(self.routes),
-            "counts": summary.counts(self._summaries, len(self.index)),
-            "counters": dict(self.counters),
-            "writer": {
-                "alive": self.writer.alive(),
-                "pending": self.writer.pending(),
-                "commits": self.writer.commits,
-                "failures": self.writer.failures,
-                "last_error": self.writer.last_error,
-            },
-            "new_since_session": self.new_since_session,
-            "rounds_since_session": self.rounds_since_session,
-            "last_session": self.last_session,
-            "outside_edit_error": self.outside.error,
-            "recovery": self.notes,
-            "branch": self.git.branch,
-            "paused": self.writer.paused or self.git.pause_reason(locks=False) or "",
-            "git_gc": self.packer.status(),
-            "ignored_files": ignored_files(self.root),
-            "history": {
-                **self.writer.history.summary(),
-                "outside_moves": self.writer.outside_moves,
-                "retried_commits": self.writer.moved_retries,
-            },
-        }
-        if self.hooks.backend_status is not None:
-            out["backend"] = self.hooks.backend_status()
-        for key, hook in self.hooks.status.items():
-            out[key] = hook()
-        return out
+    def status(self) -> Status:
+        hooks = self.hooks
+        part = {key: hook() for key, hook in hooks.status.items()}
+        return Status(
+            store=str(self.root),
+            head=self.head,
+            uptime_seconds=round(time.time() - self.started_at, 1),
+            load_seconds=round(self.load_seconds, 3),
+            load_source=self.load_source,
+            load_processes=self.load_processes,
+            route_pending=len(self.routes),
+            counts=summary.counts(self._summaries, len(self.index)),
+            counters=dict(self.counters),
+            writer=self.writer.status(),
+            new_since_session=self.new_since_session,
+            rounds_since_session=self.rounds_since_session,
+            last_session=self.last_session,
+            outside_edit_error=self.outside.error,
+            recovery=tuple(self.notes),
+            branch=self.git.branch,
+            paused=self.writer.paused or self.git.pause_reason(locks=False) or "",
+            git_gc=self.packer.status(),
+            ignored_files=tuple(ignored_files(self.root)),
+            history=self.writer.history_status(),
+            backend=hooks.backend_status() if hooks.backend_status is not None else None,
+            inbox=part.get("inbox"),
+            query_processes=part.get("query_processes"),
+            activity=part.get("activity"),
+            privacy=part.get("privacy"),
+            config=part.get("config"),
+            refine=part.get("refine"),
+            replication=part.get("replication"),
+        )
 
-    def log(self, n: int = 20) -> dict[str, Any]:
+    def log(self, n: int = 20) -> Log:
         if not isinstance(n, int) or not 0 < n <= 10_000:
             raise BadRequest("'n' must be an integer from 1 to 10000")
-        entries = self.git.log(n)
-        for e in entries:
-            t = e["trailers"]
-            e["session"] = t.get("session")
-            e["status"] = t.get("status")
-            e["trigger"] = t.get("trigger")
-            e["backend"] = t.get("backend")
+        entries = tuple(LogEntry.of(c) for c in self.git.log(n))
         # moves of the branch made outside clagd that took memories out of HEAD
-        return {"entries": entries, "history": self.writer.history.recent(n)}
+        return Log(entries, tuple(self.writer.history.recent(n)))
 
     # -- history ------------------------------------------------------------------------
-    def revert(self, ref: str) -> dict[str, Any]:
+    def revert(self, ref: str) -> Reverted:
         """Revert one commit, or every commit of a session (newest first), through git."""
         if not isinstance(ref, str) or not ref.strip():
             raise BadRequest("'ref' must be a commit or a session id")
         ref = ref.strip()
         shas = history.commits_for(self.git, ref)
-        result: dict[str, Any] = self.writer.call(self._revert_op, shas)
+        result: Reverted = self.writer.call(self._revert_op, shas)
         self.counters["reverts"] += 1
         return result
 
-    def _revert_op(self, ctx: WriteContext, shas: list[str]) -> dict[str, Any]:
+    def _revert_op(self, ctx: WriteContext, shas: list[str]) -> Reverted:
         done = history.revert_commits(ctx, shas)
         self.known = ctx.state.memory_ids()
-        return {"reverted": shas, "commits": done, "head": ctx.git.head()}
+        return Reverted(tuple(shas), tuple(done), ctx.git.head())
 
     # -- outside edits --------------------------------------------------------------------
-    def check_outside(self) -> dict[str, Any] | None:
+    def check_outside(self) -> OutsideChange | None:
         """Notice hand edits and git commands run in the store; validate and reload. While
         writes are paused (the person's git holds the store) nothing is taken in: queries
         go on with the last good state, and `status.paused` says why."""
         try:
-            result: dict[str, Any] | None = self.writer.call(self._outside_op)
+            result: OutsideChange | None = self.writer.call(self._outside_op)
         except Paused as exc:
-            return {"ok": False, "paused": str(exc)}
+            return OutsideChange(False, paused=str(exc))
         return result
 
-    def _outside_op(self, ctx: WriteContext) -> dict[str, Any] | None:
+    def _outside_op(self, ctx: WriteContext) -> OutsideChange | None:
         change = self.outside.take_in(ctx, self.head)
         if change is None:
             return None
         if not change.ok:
             self.counters["outside_edit_errors"] += 1
-            return change.to_dict()
+            return change
         self.known = ctx.state.memory_ids()
         self.head = ctx.git.head()
         self.counters["outside_edits"] += 1
-        return change.to_dict()
+        return change
 
     # -- archive ----------------------------------------------------------------------
-    def archive(self, dry_run: bool = False, now: float | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self.writer.call(self._archive_op, dry_run, now)
+    def archive(self, dry_run: bool = False, now: float | None = None) -> Archived:
+        result: Archived = self.writer.call(self._archive_op, dry_run, now)
         return result
 
-    def _archive_op(self, ctx: WriteContext, dry_run: bool, now: float | None) -> dict[str, Any]:
+    def _archive_op(self, ctx: WriteContext, dry_run: bool, now: float | None) -> Archived:
         out = archive.archive_cold(ctx, self.stats, self.config.archive, dry_run, now)
-        if not out["dry_run"]:
-            self.counters["archived"] += len(out["clusters"])
+        if not out.dry_run:
+            self.counters["archived"] += len(out.clusters)
         return out
 
-    def _thaw_op(self, ctx: WriteContext, cids: list[str]) -> dict[str, Any]:
+    def _thaw_op(self, ctx: WriteContext, cids: list[str]) -> Thawed:
         out = archive.thaw(ctx, self.stats, cids)
-        self.counters["thawed"] += len(out["clusters"])
+        self.counters["thawed"] += len(out.clusters)
         return out
 
     # -- sessions ------------------------------------------------------------------------
-    def recluster(self, trigger: str = "manual", backend: str | None = None) -> dict[str, Any]:
+    def recluster(self, trigger: str = "manual", backend: str | None = None) -> SessionOutcome:
         """Run one clustering session now (waiting for any running one) and report it."""
         runner = self._session_runner()
         self.check_outside()
@@ -584,7 +598,7 @@ class Engine:
             outcome = runner(self, trigger=trigger, backend=backend)
         self.last_session = outcome
         self.counters["sessions"] += 1
-        key = f"sessions_{outcome.get('status', 'failed')}"
+        key = f"sessions_{outcome.status}"
         if key in self.counters:
             self.counters[key] += 1
         return outcome

@@ -35,12 +35,12 @@ def revert_commits(ctx: WriteContext, shas: list[str]) -> list[str]:
     try:
         for sha in shas:
             entry = ctx.git.log(1, sha)[0]
-            if entry["kind"] == "revert" and sha != shas[0]:
+            if entry.kind == "revert" and sha != shas[0]:
                 continue  # a session's own revert (a rolled-back plan) is not undone again
             new = ctx.revert(
                 sha,
-                f"revert: {entry['subject']}"[:200],
-                {"kind": "revert", "reverts": sha, "session": entry["trailers"].get("session")},
+                f"revert: {entry.subject}"[:200],
+                {"kind": "revert", "reverts": sha, "session": entry.trailers.get("session")},
             )
             done.append(new)
     except (Conflict, StoreError):

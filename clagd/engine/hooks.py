@@ -6,24 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from clagd.engine.core import Engine
+    from clagd.organize.session import SessionOutcome
     from clagd.retrieval.refine import Refiner
     from clagd.store.writer import Changes
 
 
 class SessionRunner(Protocol):
-    """Runs one clustering session on an engine and returns its outcome (a dict with at
-    least `status`); `organize.session.engine_session_runner` builds the real one."""
+    """Runs one clustering session on an engine and returns its outcome;
+    `organize.session.engine_session_runner` builds the real one."""
 
     def __call__(
         self, engine: Engine, trigger: str = ..., backend: str | None = ...
-    ) -> dict[str, Any]: ...
+    ) -> SessionOutcome: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,10 +54,11 @@ class EngineHooks:
     # of quiet (the daemon arms a timer; without one, housekeeping finds it due)
     on_route_waiting: Callable[[float], None] | None = None
     session_runner: SessionRunner | None = None
-    # the `backend` section of `status`
-    backend_status: Callable[[], dict[str, Any]] | None = None
-    # further `status` sections, by key (inbox, refine, replication)
-    status: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+    # the `backend` section of `status` (slm.manager.BackendStatus)
+    backend_status: Callable[[], DataclassInstance] | None = None
+    # further `status` sections, by their `engine.results.Status` field (inbox, refine,
+    # replication, ...): each the typed status of the part it describes (None: left out)
+    status: dict[str, Callable[[], DataclassInstance | None]] = field(default_factory=dict)
     # the SLM pick among the lexical cluster candidates (retrieval.slm_refine)
     refiner: Refiner | None = None
     # the served index changed (called on the writer thread, right after the swap)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from clagd.engine.identity import fix_identities
 from clagd.errors import Paused, StoreError
@@ -24,17 +23,14 @@ log = logging.getLogger("clagd")
 
 @dataclass
 class OutsideChange:
-    """One outside change, taken in (`ok`) or refused (`error`)."""
+    """One outside change, taken in (`ok`), refused (`error`), or waiting while the
+    person's git holds the store (`paused`: why)."""
 
     ok: bool
     error: str = ""
     files: list[str] = field(default_factory=list)
     commit: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        if not self.ok:
-            return {"ok": False, "error": self.error}
-        return {"ok": True, "files": self.files, "commit": self.commit}
+    paused: str = ""
 
 
 class OutsideEdits:

@@ -3,8 +3,7 @@ writer thread) so that those reads never walk the store."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from clagd.engine.results import ClusterInfo, Counts
 from clagd.store.files import StoreState
 
 # the event counters `status` shows (Engine.counters), all starting at 0
@@ -34,34 +33,23 @@ def new_counters() -> dict[str, int]:
     return dict.fromkeys(COUNTERS, 0)
 
 
-def summarize(state: StoreState) -> list[dict[str, Any]]:
-    """One entry per hot and archived cluster: what `clusters` lists, without memories."""
-    out = []
-    for archived, area in ((False, state.clusters), (True, state.archived)):
-        for c in area.values():
-            out.append(
-                {
-                    "id": c.id,
-                    "name": c.name,
-                    "description": c.description,
-                    "tags": list(c.tags),
-                    "size": len(c.memories),
-                    "archived": archived,
-                    "pinned": c.pinned,
-                    "created_at": c.created_at,
-                    "updated_at": c.updated_at,
-                }
-            )
-    return out
+def summarize(state: StoreState) -> list[ClusterInfo]:
+    """One entry per hot and archived cluster: what `clusters` lists, without memories (and
+    without access statistics, added when it is asked)."""
+    return [
+        ClusterInfo.of(c, archived)
+        for archived, area in ((False, state.clusters), (True, state.archived))
+        for c in area.values()
+    ]
 
 
-def counts(summaries: list[dict[str, Any]], memories: int) -> dict[str, int]:
+def counts(summaries: list[ClusterInfo], memories: int) -> Counts:
     """The `counts` section of `status`; `memories`: how many the index holds (hot)."""
-    hot = sum(c["size"] for c in summaries if not c["archived"])
-    return {
-        "memories": memories,
-        "clusters": sum(1 for c in summaries if not c["archived"]),
-        "archived_clusters": sum(1 for c in summaries if c["archived"]),
-        "archived_memories": sum(c["size"] for c in summaries if c["archived"]),
-        "unsorted": memories - hot,
-    }
+    hot = sum(c.size for c in summaries if not c.archived)
+    return Counts(
+        memories,
+        sum(1 for c in summaries if not c.archived),
+        sum(1 for c in summaries if c.archived),
+        sum(c.size for c in summaries if c.archived),
+        memories - hot,
+    )

@@ -19,13 +19,14 @@ from __future__ import annotations
 import copy
 import tempfile
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from clagd.config import BackendKind, Config
 from clagd.eval.data import Turn, arrivals
 from clagd.ingest.inbox import validate_item
 from clagd.model import Memory
 from clagd.organize.lexical import organize_all
+from clagd.protocol import to_wire
 from clagd.retrieval.index import Index
 from clagd.text import estimate_tokens
 
@@ -132,10 +133,11 @@ class EnginePipeline:
         self.engine.recluster(trigger="eval", backend=self.backend)
 
     def query(self, text: str, k: int) -> dict[str, Any]:
-        return self.engine.query(text, max_memories=k, token_budget=0)
+        # the eval reads every system's result as the socket's JSON
+        return cast("dict[str, Any]", to_wire(self.engine.query(text, k, token_budget=0)))
 
     def organization(self) -> dict[str, int]:
-        return organization_of(self.engine.status())
+        return organization_of(cast("dict[str, Any]", to_wire(self.engine.status())))
 
     def settle(self) -> None:
         pass  # no triggers: the engine runs no scheduler

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,23 @@ class _Handler(FileSystemEventHandler):
         self.w.poke()
 
 
+@dataclass(frozen=True)
+class InboxStatus:
+    """The `inbox` section of `status`: files taken in, read ahead during a burst's
+    debounce, rejected; failed passes and why ingestion waits; files held open."""
+
+    observer: str
+    files_ingested: int
+    files_read_ahead: int
+    files_rejected: int
+    failures: int
+    last_error: str
+    paused: str
+    loop_errors: int
+    held_open: tuple[str, ...]
+    held_open_total: int
+
+
 class InboxWatcher:
     def __init__(self, inbox: Path, cfg: InboxConfig, ingest: IngestFn) -> None:
         self.inbox = Path(inbox).resolve()
@@ -211,6 +229,20 @@ class InboxWatcher:
             return
         self.observer_kind = "rescan-only"
         log.warning("no inbox watcher: relying on the periodic rescan")
+
+    def status(self) -> InboxStatus:
+        return InboxStatus(
+            self.observer_kind,
+            self.files_ingested,
+            self.read_ahead,
+            self.files_rejected,
+            self.failures,
+            self.last_error,
+            self.paused,
+            self.loop_errors,
+            tuple(self.tracker.held_open),
+            self.tracker.held_open_total,
+        )
 
     def alive(self) -> bool:
         obs_ok = self._observer is None or self._observer.is_alive()

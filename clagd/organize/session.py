@@ -34,7 +34,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -100,9 +100,6 @@ class SessionOutcome:
     def asked_model(self) -> bool:
         """A model was asked for a plan (its failures count against the backend)."""
         return self.attempts > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def new_session_id() -> str:
@@ -562,13 +559,13 @@ def _gate(engine: SessionHost, chosen: Backend | None) -> GateResult | None:
     return gate_for(chosen, engine.config, engine.paths.runtime / "gate", engine.paths.prompts)
 
 
-def engine_session_runner(backends: BackendManager) -> Callable[..., dict[str, Any]]:
+def engine_session_runner(backends: BackendManager) -> Callable[..., SessionOutcome]:
     """The engine's `session_runner` hook: run a session on an engine with the backend the
     manager (`slm.BackendManager`) has chosen, or the one `backend` names."""
 
     def runner(
         engine: SessionHost, trigger: str = "manual", backend: str | None = None
-    ) -> dict[str, Any]:
+    ) -> SessionOutcome:
         chosen: Backend | None
         if backend == NoneBackend.name:
             chosen = NoneBackend()
@@ -591,6 +588,6 @@ def engine_session_runner(backends: BackendManager) -> Callable[..., dict[str, A
         )
         if outcome.status in FAILED_STATUSES and outcome.asked_model:
             backends.record_failure("; ".join(outcome.reasons[-2:]))
-        return outcome.to_dict()
+        return outcome
 
     return runner

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from clagd.config import RetrievalConfig
@@ -32,6 +33,18 @@ SYSTEM = (
 
 def refine_schema(aliases: list[str], most: int) -> dict[str, Any]:
     return closed_object({"clusters": array(string(enum=aliases), most, min_items=1)})
+
+
+@dataclass(frozen=True)
+class RefineStatus:
+    """The `refine` section of `status`: queries the model refined, skipped (paused after
+    a failure), and answered lexically after its timeout or error."""
+
+    refined: int
+    skipped: int
+    fallback_timeout: int
+    fallback_error: int
+    last_error: str
 
 
 class Refiner:
@@ -58,8 +71,11 @@ class Refiner:
         with self._lock:
             self.counts[key] += 1
 
-    def status(self) -> dict[str, Any]:
-        return {**self.counts, "last_error": self.last_error}
+    def status(self) -> RefineStatus:
+        c = self.counts
+        return RefineStatus(
+            c["refined"], c["skipped"], c["fallback_timeout"], c["fallback_error"], self.last_error
+        )
 
     def prompt(self, index: Index, text: str, cands: list[tuple[str, str, float]]) -> str:
         lines = [f"Question: {text.strip()[:500]}", "", "Clusters:"]

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -21,21 +22,27 @@ from typing import Any
 from clagd.config import Config, load_config
 from clagd.engine.core import Engine
 from clagd.engine.hooks import EngineHooks
+from clagd.engine.results import Scheduled, Status
 from clagd.errors import StoreLocked
-from clagd.ingest.watcher import InboxWatcher
+from clagd.ingest.watcher import InboxStatus, InboxWatcher
 from clagd.libc import malloc_trim
-from clagd.organize.session import engine_session_runner
+from clagd.organize.session import SessionOutcome, engine_session_runner
 from clagd.protocol import resolve_socket
 from clagd.retrieval.change import IndexChange
 from clagd.serve import sdnotify
-from clagd.serve.queryproc import CountingDispatcher, QueryProcesses, lower_priority
+from clagd.serve.queryproc import (
+    CountingDispatcher,
+    QueryProcesses,
+    QueryProcessesStatus,
+    lower_priority,
+)
 from clagd.serve.reconfig import ConfigReloader
 from clagd.serve.replicate import Replicator
-from clagd.serve.scheduler import Scheduler
+from clagd.serve.scheduler import Activity, Scheduler
 from clagd.serve.server import Dispatcher, Handler, SocketServer, build_dispatcher, internal_server
 from clagd.slm.base import Backend
-from clagd.slm.manager import BackendManager
-from clagd.store.files import PRIVATE_UMASK, Paths, init_store, privacy_warnings
+from clagd.slm.manager import BackendManager, BackendStatus
+from clagd.store.files import PRIVATE_UMASK, Paths, PrivacyStatus, init_store
 from clagd.store.gitrepo import GitStore
 
 log = logging.getLogger("clagd")
@@ -142,13 +149,12 @@ class Daemon:
         self._internal: SocketServer | None = None
 
     # -- the competence gate ------------------------------------------------------------
-    def _backend_status(self) -> dict[str, Any]:
+    def _backend_status(self) -> BackendStatus:
         """The manager's status plus every model's measured competence (`clagd status`)."""
         from clagd.organize.gate import all_results
 
-        out = self.backends.status()
-        out["gate"] = all_results(self.paths.runtime / "gate")
-        return out
+        gate = tuple(all_results(self.paths.runtime / "gate"))
+        return replace(self.backends.status(), gate=gate)
 
     def _router(self) -> Backend | None:
         """The backend for retrieval refinement, only when the gate measured (and cached)
@@ -232,7 +238,7 @@ class Daemon:
                 "inbox": self._inbox_status,
                 "query_processes": self._query_status,
                 "activity": self._activity,
-                "privacy": self._privacy_status,
+                "privacy": lambda: PrivacyStatus.of(self.store),
                 "config": self.reloader.status,
             },
         )
@@ -297,9 +303,9 @@ class Daemon:
         if self.queryprocs is not None:
             self.queryprocs.prepare(change)
 
-    def _query_status(self) -> dict[str, Any]:
+    def _query_status(self) -> QueryProcessesStatus:
         if self.queryprocs is None:
-            return {"configured": self.config.server.query_processes, "serving": 0}
+            return QueryProcessesStatus(self.config.server.query_processes, 0)
         return self.queryprocs.status()
 
     def _main_serving(self) -> bool:
@@ -330,16 +336,16 @@ class Daemon:
             out = fn(params)
             if self.queryprocs is not None:
                 self.queryprocs.wait_caught_up()
-                if isinstance(out, dict) and "query_processes" in out:  # `status`: as now
-                    out["query_processes"] = self._query_status()
+                if isinstance(out, Status):  # `status`: the processes as they are now
+                    out = replace(out, query_processes=self._query_status())
             return out
 
         return run
 
-    def _activity(self) -> dict[str, Any]:
+    def _activity(self) -> Activity | None:
         """Queued and running sessions (`Scheduler.activity`): what a client waits out
         when it wants the store organized (the eval's stream protocol)."""
-        return self.scheduler.activity() if self.scheduler is not None else {}
+        return self.scheduler.activity() if self.scheduler is not None else None
 
     def _route_soon(self, quiet_seconds: float) -> None:
         """Queue the route pass as soon as it is due, not at the next housekeeping tick
@@ -402,26 +408,8 @@ class Daemon:
         gc.freeze()
         release_free_memory()
 
-    def _inbox_status(self) -> dict[str, Any]:
-        w = self.watcher
-        if w is None:
-            return {}
-        return {
-            "observer": w.observer_kind,
-            "files_ingested": w.files_ingested,
-            "files_read_ahead": w.read_ahead,
-            "files_rejected": w.files_rejected,
-            "failures": w.failures,
-            "last_error": w.last_error,
-            "paused": w.paused,
-            "loop_errors": w.loop_errors,
-            "held_open": list(w.tracker.held_open),
-            "held_open_total": w.tracker.held_open_total,
-        }
-
-    def _privacy_status(self) -> dict[str, Any]:
-        warnings = privacy_warnings(self.store)
-        return {"private": not warnings, "warnings": warnings}
+    def _inbox_status(self) -> InboxStatus | None:
+        return self.watcher.status() if self.watcher is not None else None
 
     def healthy(self) -> bool:
         return bool(
@@ -500,11 +488,11 @@ class Daemon:
         )
         self._server_thread.start()
 
-    def _recluster(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _recluster(self, params: dict[str, Any]) -> SessionOutcome | Scheduled:
         assert self.engine is not None and self.scheduler is not None
         if params.get("wait", True) is False:
             self.scheduler.trigger_session("manual")
-            return {"status": "scheduled"}
+            return Scheduled()
         return self.engine.recluster("manual", backend=params.get("backend"))
 
     # -- run / stop -------------------------------------------------------------------

@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from clagd.engine.core import answer
+from clagd.engine.results import QueryResult
 from clagd.errors import ClagdError
 from clagd.libc import libc
 from clagd.protocol import QueryParams, error_reply
@@ -93,10 +94,11 @@ class Replica:
         self.version = version
         self.send(("applied", version))
 
-    def query(self, params: dict[str, Any]) -> dict[str, Any]:
+    def query(self, params: dict[str, Any]) -> QueryResult:
         t0 = time.perf_counter()
-        out, memory_ids, cluster_ids = answer(self.index, QueryParams.from_request(params))
-        out["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        out, memory_ids, cluster_ids = answer(
+            self.index, QueryParams.from_request(params), started=t0
+        )
         self.send(("queried", memory_ids, cluster_ids))
         return out
 

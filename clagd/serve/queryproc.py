@@ -27,11 +27,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from clagd.config import ServerConfig
 from clagd.engine.core import Engine
+from clagd.protocol import OMIT_NONE
 from clagd.retrieval.change import IndexChange
 from clagd.serve.server import Dispatcher
 from clagd.store.writer import WriteContext
@@ -44,6 +46,29 @@ RESTART_MIN, RESTART_MAX = 1.0, 60.0  # seconds between restarts of a failing pr
 COUNTED_KEY = "_clagd_counted"
 SERVE = pickle.dumps(("serve",))  # to a process that caught up: accept connections now
 HANDOFF_MAX = 60_000  # bytes a passed connection may take along (one SEQPACKET message)
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """One query process: its pid, the newest index version it applied, queries answered."""
+
+    pid: int | None
+    applied: int
+    queries: int
+
+
+@dataclass(frozen=True)
+class QueryProcessesStatus:
+    """The `query_processes` section of `status` (only `configured` and `serving` while
+    none was started: `server.query_processes` is 0, or the daemon serves queries itself)."""
+
+    configured: int
+    serving: int
+    version: int | None = field(default=None, metadata=OMIT_NONE)
+    processes: tuple[ProcessStatus, ...] | None = field(default=None, metadata=OMIT_NONE)
+    restarts: int | None = field(default=None, metadata=OMIT_NONE)
+    replaced: int | None = field(default=None, metadata=OMIT_NONE)
+    last_error: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 class _Proc:
@@ -218,19 +243,17 @@ class QueryProcesses:
                 lambda: all(p.pid != pid or p.counted >= n for p in self._procs), timeout
             )
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> QueryProcessesStatus:
         with self._cond:
-            return {
-                "configured": self.count,
-                "serving": self._serving,
-                "version": self.version,
-                "processes": [
-                    {"pid": p.pid, "applied": p.applied, "queries": p.queries} for p in self._procs
-                ],
-                "restarts": self.restarts,
-                "replaced": self.replaced,
-                "last_error": self.last_error,
-            }
+            return QueryProcessesStatus(
+                self.count,
+                self._serving,
+                self.version,
+                tuple(ProcessStatus(p.pid, p.applied, p.queries) for p in self._procs),
+                self.restarts,
+                self.replaced,
+                self.last_error,
+            )
 
     # -- life ---------------------------------------------------------------------------
     def start(self) -> None:

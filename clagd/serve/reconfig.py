@@ -5,7 +5,7 @@ invalid file is reported with its exact error and the running configuration stay
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,17 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+@dataclass(frozen=True)
+class ConfigStatus:
+    """The `config` section of `status`: the last reload's error, the keys it applied and
+    those that need a restart."""
+
+    file: str
+    error: str
+    applied: tuple[str, ...]
+    restart_needed: tuple[str, ...]
 
 
 class ConfigReloader:
@@ -89,10 +100,7 @@ class ConfigReloader:
             )
         return True
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "file": str(self.path),
-            "error": self.error,
-            "applied": self.applied,
-            "restart_needed": self.restart_needed,
-        }
+    def status(self) -> ConfigStatus:
+        return ConfigStatus(
+            str(self.path), self.error, tuple(self.applied), tuple(self.restart_needed)
+        )

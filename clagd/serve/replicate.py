@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from dataclasses import dataclass
 
 from clagd.store.gitrepo import GitStore
 
 log = logging.getLogger("clagd.replicate")
+
+
+@dataclass(frozen=True)
+class ReplicationStatus:
+    """The `replication` section of `status`: the remote, the last commit pushed."""
+
+    remote: str
+    pushed: str | None
+    pushes: int
+    failures: int
+    last_error: str
 
 
 class Replicator:
@@ -66,11 +77,7 @@ class Replicator:
             self.last_error = ""
             log.info("pushed %s to %s", head[:10], self.remote)
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "remote": self.remote,
-            "pushed": self.pushed,
-            "pushes": self.pushes,
-            "failures": self.failures,
-            "last_error": self.last_error,
-        }
+    def status(self) -> ReplicationStatus:
+        return ReplicationStatus(
+            self.remote, self.pushed, self.pushes, self.failures, self.last_error
+        )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -47,6 +48,14 @@ def _quiet_expected_skips(executor_aliases: tuple[str, ...]) -> None:
         logger = logging.getLogger(name)
         if _EXPECTED_SKIPS not in logger.filters:
             logger.addFilter(_EXPECTED_SKIPS)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """The `activity` section of `status`: a triggered session waits; one runs."""
+
+    session_queued: bool
+    session_running: bool
 
 
 class Scheduler:
@@ -126,13 +135,13 @@ class Scheduler:
             with self._lock:
                 self._running -= 1
 
-    def activity(self) -> dict[str, bool]:
+    def activity(self) -> Activity:
         """Whether a triggered session waits or a session runs: a client that wants the
         store organized (the eval, a script) polls this in `status` until both are false.
         `queued` is set before `trigger_session` returns and cleared only when the session
         starts, so there is no moment in between when both read false."""
         with self._lock:
-            return {"session_queued": self._queued, "session_running": self._running > 0}
+            return Activity(self._queued, self._running > 0)
 
     def trigger_session(self, why: str) -> None:
         """Ask for a session soon; while one is queued, further asks coalesce into it."""

@@ -5,12 +5,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from clagd.config import Config
 from clagd.slm.base import Backend, select_backend
 
 log = logging.getLogger("clagd.slm")
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """The `backend` section of `status`: the backend configured and the one in use (and
+    why), its failures; `gate`: every model's measured competence (the daemon adds it)."""
+
+    configured: str
+    active: str
+    model: str | None
+    reason: str
+    checked_at: float | None
+    failures: int
+    last_error: str
+    gate: tuple[Mapping[str, object], ...] = ()
 
 
 class BackendManager:
@@ -45,17 +61,17 @@ class BackendManager:
         self.failures += 1
         self.last_error = message
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BackendStatus:
         b = self.backend
-        return {
-            "configured": self.config.backend.kind,
-            "active": b.name if b else "none",
-            "model": b.model if b else None,
-            "reason": self.reason,
-            "checked_at": self.checked_at,
-            "failures": self.failures,
-            "last_error": self.last_error,
-        }
+        return BackendStatus(
+            self.config.backend.kind,
+            b.name if b else "none",
+            b.model if b else None,
+            self.reason,
+            self.checked_at,
+            self.failures,
+            self.last_error,
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -609,6 +609,19 @@ PRIVATE_PATHS = (
 )
 
 
+@dataclass(frozen=True)
+class PrivacyStatus:
+    """The `privacy` section of `status`: whether the store is closed to other users."""
+
+    private: bool
+    warnings: tuple[str, ...]
+
+    @classmethod
+    def of(cls, root: Path) -> PrivacyStatus:
+        warnings = privacy_warnings(root)
+        return cls(not warnings, tuple(warnings))
+
+
 def privacy_warnings(root: Path) -> list[str]:
     """The store's folders that other local users can enter or read (empty: private)."""
     out = []

@@ -13,6 +13,7 @@ import subprocess
 import time
 import zlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,19 @@ def format_message(subject: str, body: str = "", trailers: dict[str, Any] | None
             )
         )
     return "\n\n".join(parts) + "\n"
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """One commit as `GitStore.log` reads it: its clagd trailers (keys lowercased, without
+    the `Clagd-` prefix) and its kind (`outside` for a commit clagd did not make)."""
+
+    commit: str
+    date: str
+    subject: str
+    kind: str
+    trailers: dict[str, str]
+    parents: tuple[str, ...]
 
 
 class GitStore:
@@ -626,11 +640,9 @@ class GitStore:
             raise NotFound(f"no commit {ref!r} in the store") from None
 
     def find_by_trailer(self, key: str, value: str, limit: int = 2000) -> list[str]:
-        return [
-            e["commit"] for e in self.log(limit) if str(e["trailers"].get(key.lower(), "")) == value
-        ]
+        return [e.commit for e in self.log(limit) if e.trailers.get(key.lower(), "") == value]
 
-    def log(self, n: int = 20, rev: str = "HEAD") -> list[dict[str, Any]]:
+    def log(self, n: int = 20, rev: str = "HEAD") -> list[CommitInfo]:
         if not self.head():
             return []
         fmt = _FIELD.join(["%H", "%aI", "%s", "%(trailers:only,unfold)", "%P"]) + _RECORD
@@ -646,16 +658,8 @@ class GitStore:
                 k, sep, v = line.partition(":")
                 if sep and k.startswith(TRAILER_PREFIX):
                     trailers[k[len(TRAILER_PREFIX) :].lower()] = v.strip()
-            entries.append(
-                {
-                    "commit": sha,
-                    "date": date,
-                    "subject": subject,
-                    "kind": trailers.get("kind", "outside"),
-                    "trailers": trailers,
-                    "parents": parents.split(),
-                }
-            )
+            kind = trailers.get("kind", "outside")
+            entries.append(CommitInfo(sha, date, subject, kind, trailers, tuple(parents.split())))
         return entries
 
     def changed_between(self, old: str, new: str, dirs: Iterable[str]) -> list[str]:

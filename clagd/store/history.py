@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,20 @@ def _ls(root: Path, commit: str) -> list[str]:
     return [p for p in out.split("\n") if p.endswith(".yaml")]
 
 
+@dataclass(frozen=True)
+class HistoryStatus:
+    """The `history` section of `status`: outside moves of the branch that took memories
+    out of HEAD (`last`: the newest events, as the history file holds them), the moves
+    taken in and the commits retried after one."""
+
+    events: int
+    memories_removed: int
+    file: str
+    last: tuple[Mapping[str, object], ...]
+    outside_moves: int
+    retried_commits: int
+
+
 class HistoryLog:
     """The recorded outside moves that removed memories (append-only JSON lines)."""
 
@@ -154,10 +170,12 @@ class HistoryLog:
         list is in .git/clagd-history.jsonl)."""
         return [{**e, "ids": list(e.get("ids", []))[:ids]} for e in self.events[-n:]]
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "events": len(self.events),
-            "memories_removed": sum(int(e.get("removed", 0)) for e in self.events),
-            "file": str(self.path),
-            "last": self.recent(5),
-        }
+    def status(self, outside_moves: int, retried_commits: int) -> HistoryStatus:
+        return HistoryStatus(
+            len(self.events),
+            sum(int(e.get("removed", 0)) for e in self.events),
+            str(self.path),
+            tuple(self.recent(5)),
+            outside_moves,
+            retried_commits,
+        )

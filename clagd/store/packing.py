@@ -27,8 +27,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 log = logging.getLogger("clagd.git")
 
@@ -50,6 +51,19 @@ def _packs(root: Path) -> set[str]:
         return {p for p in os.listdir(root / ".git" / "objects" / "pack") if p.endswith(".pack")}
     except OSError:
         return set()
+
+
+@dataclass(frozen=True)
+class GcStatus:
+    """The `git_gc` section of `status`."""
+
+    enabled: bool
+    running: bool
+    runs: int
+    packed: int
+    failures: int
+    last_run: str | None
+    last_result: str
 
 
 class ObjectPacker:
@@ -184,13 +198,13 @@ class ObjectPacker:
                     code = proc.wait()
             self._collect(code, stopped=True)
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "enabled": self.enabled,
-            "running": self.poll(),
-            "runs": self.runs,
-            "packed": self.packed,
-            "failures": self.failures,
-            "last_run": self.last_run,
-            "last_result": self.last_result,
-        }
+    def status(self) -> GcStatus:
+        return GcStatus(
+            self.enabled,
+            self.poll(),
+            self.runs,
+            self.packed,
+            self.failures,
+            self.last_run,
+            self.last_result,
+        )

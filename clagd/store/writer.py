@@ -37,7 +37,7 @@ from clagd.store.files import (
     shard_yaml,
 )
 from clagd.store.gitrepo import GitStore, blob_id
-from clagd.store.history import HistoryLog, removed_between
+from clagd.store.history import HistoryLog, HistoryStatus, removed_between
 
 log = logging.getLogger("clagd.writer")
 DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
@@ -308,6 +308,17 @@ def read_changes(
     return state, changes
 
 
+@dataclass(frozen=True)
+class WriterStatus:
+    """The writer thread: alive, operations queued, commits made, operations failed."""
+
+    alive: bool
+    pending: int
+    commits: int
+    failures: int
+    last_error: str
+
+
 class Writer:
     def __init__(
         self,
@@ -396,6 +407,17 @@ class Writer:
 
     def pending(self) -> int:
         return self._q.qsize()
+
+    def status(self) -> WriterStatus:
+        """The `writer` section of `status`."""
+        return WriterStatus(
+            self.alive(), self.pending(), self.commits, self.failures, self.last_error
+        )
+
+    def history_status(self) -> HistoryStatus:
+        """The `history` section of `status`: what the history log recorded, and the moves
+        of the branch this writer took in."""
+        return self.history.status(self.outside_moves, self.moved_retries)
 
     # -- transaction marker: tells start-up that a change was half-written ----------
     @property

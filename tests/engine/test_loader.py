@@ -199,9 +199,9 @@ def test_a_large_store_starts_with_several_processes(
     eng = Engine(root)
     try:
         st = eng.status()
-        assert (st["load_source"], st["load_processes"]) == ("files", 2)
-        hits = eng.query("bread in the oven", count_round=False)["memories"]
-        assert hits and "bread" in hits[0]["content"]
+        assert (st.load_source, st.load_processes) == ("files", 2)
+        hits = eng.query("bread in the oven", count_round=False).memories
+        assert hits and "bread" in hits[0].content
     finally:
         eng.close()
 

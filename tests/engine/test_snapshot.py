@@ -23,13 +23,13 @@ def test_clean_restart_loads_the_snapshot(tmp_path: Path) -> None:
     root = make_store(tmp_path / "m")
     eng = Engine(root)
     _add(eng, "alpha memory about boats", "beta memory about trains")
-    before = eng.query("boats", count_round=False)["memories"]
+    before = eng.query("boats", count_round=False).memories
     eng.close()
     eng = Engine(root)
     try:
         assert eng.load_source == "warmstart"
         assert_same_as_files(eng)
-        assert eng.query("boats", count_round=False)["memories"][0]["id"] == before[0]["id"]
+        assert eng.query("boats", count_round=False).memories[0].id == before[0].id
     finally:
         eng.close()
 
@@ -53,9 +53,9 @@ def test_snapshot_behind_head_is_brought_up_to_date(tmp_path: Path) -> None:
         assert eng.load_source == "warmstart"
         assert any("brought up to date" in n for n in eng.notes)
         assert_same_as_files(eng)
-        assert any(c["name"] == "Edited while stopped" for c in eng.clusters()["clusters"])
+        assert any(c.name == "Edited while stopped" for c in eng.clusters().clusters)
         assert (
-            eng.query("kitchen", count_round=False)["memories"][0]["content"]
+            eng.query("kitchen", count_round=False).memories[0].content
             == "second memory about the kitchen"
         )
     finally:

@@ -88,7 +88,7 @@ def test_status_activity_shows_a_queued_then_running_session() -> None:
     """`activity` never reads idle between a trigger and the end of its session."""
     import threading
 
-    from clagd.serve.scheduler import Scheduler
+    from clagd.serve.scheduler import Activity, Scheduler
 
     started, release, done = threading.Event(), threading.Event(), threading.Event()
 
@@ -100,16 +100,16 @@ def test_status_activity_shows_a_queued_then_running_session() -> None:
     s = Scheduler(session, lambda: None, lambda: None, lambda: None, 0, 0, 3600, 0)
     s.start()
     try:
-        assert s.activity() == {"session_queued": False, "session_running": False}
+        assert s.activity() == Activity(session_queued=False, session_running=False)
         s.trigger_session("memories")
         seen = s.activity()
-        assert seen["session_queued"] or seen["session_running"]
+        assert seen.session_queued or seen.session_running
         assert started.wait(20)
-        assert s.activity() == {"session_queued": False, "session_running": True}
+        assert s.activity() == Activity(session_queued=False, session_running=True)
         s.trigger_session("rounds")  # queued behind the running one
-        assert s.activity() == {"session_queued": True, "session_running": True}
+        assert s.activity() == Activity(session_queued=True, session_running=True)
         release.set()
-        wait_for(lambda: s.activity() == {"session_queued": False, "session_running": False})
+        wait_for(lambda: s.activity() == Activity(session_queued=False, session_running=False))
         assert done.is_set()
     finally:
         release.set()

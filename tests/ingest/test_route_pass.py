@@ -55,14 +55,14 @@ def test_a_large_batch_is_one_file_then_one_route_commit(tmp_path: Path) -> None
             f"unsorted/{res.shard}.yaml"
         ]
         assert "Clagd-Route: deferred" in _trailers(root)
-        assert eng.status()["route_pending"] == 1
+        assert eng.status().route_pending == 1
         # retrievable at once, from the unsorted area
-        hit = eng.query("the harbour master checked", count_round=False)["memories"][0]
-        assert hit["content"] == NEW_SAILING[1] and hit["cluster_id"] is None
+        hit = eng.query("the harbour master checked", count_round=False).memories[0]
+        assert hit.content == NEW_SAILING[1] and hit.cluster_id is None
 
         assert eng.maybe_route() is None  # the inbox has not been quiet for 60 s
         out = eng.maybe_route(force=True)
-        assert out is not None and out["routed"] == 4 and out["clusters"] == 1
+        assert out is not None and out.routed == 4 and out.clusters == 1
         assert "Clagd-Kind: route" in _trailers(root) and "Clagd-Routed: 4" in _trailers(root)
         cluster = yaml.safe_load((root / "clusters" / "c-0000aaaa.yaml").read_text())
         assert {m["content"] for m in cluster["memories"]} == set(SAILING + NEW_SAILING)
@@ -70,11 +70,11 @@ def test_a_large_batch_is_one_file_then_one_route_commit(tmp_path: Path) -> None
         assert [m["content"] for m in shard["memories"]] == OTHER
         assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
         assert_same_as_files(eng)
-        hit = eng.query("the harbour master checked", count_round=False)["memories"][0]
-        assert hit["content"] == NEW_SAILING[1] and hit["cluster_id"] == "c-0000aaaa"
+        hit = eng.query("the harbour master checked", count_round=False).memories[0]
+        assert hit.content == NEW_SAILING[1] and hit.cluster_id == "c-0000aaaa"
         st = eng.status()
-        assert st["route_pending"] == 0
-        assert st["counters"]["routed"] == 4 and st["counters"]["route_passes"] == 1
+        assert st.route_pending == 0
+        assert st.counters["routed"] == 4 and st.counters["route_passes"] == 1
         assert eng.maybe_route(force=True) is None  # nothing left waiting
     finally:
         eng.close()
@@ -86,7 +86,7 @@ def test_a_small_batch_is_routed_in_its_own_commit(tmp_path: Path) -> None:
     try:
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING[:2]], source="test")
         assert not res.deferred and res.routed == {"c-0000aaaa": 2}
-        assert eng.status()["route_pending"] == 0
+        assert eng.status().route_pending == 0
         assert "clusters/c-0000aaaa.yaml" in git(root, "show", "--name-only", "--format=", "HEAD")
     finally:
         eng.close()
@@ -112,9 +112,10 @@ def test_a_failed_route_pass_changes_nothing_and_is_tried_again(
         assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
         assert_same_as_files(eng)
         st = eng.status()
-        assert st["route_pending"] == 1 and st["counters"]["route_failures"] == 1
+        assert st.route_pending == 1 and st.counters["route_failures"] == 1
         monkeypatch.undo()
-        assert eng.maybe_route()["routed"] == 4  # type: ignore[index]
+        routed = eng.maybe_route()
+        assert routed is not None and routed.routed == 4
         assert_same_as_files(eng)
     finally:
         eng.close()
@@ -153,13 +154,13 @@ def test_a_routed_batch_is_undone_route_commit_first(tmp_path: Path) -> None:
     try:
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
         routed = eng.maybe_route(force=True)
-        assert routed is not None and routed["routed"] == 4
+        assert routed is not None and routed.routed == 4
         head = git(root, "rev-parse", "HEAD")
         with pytest.raises(Conflict):
             eng.revert(str(res.commit))  # the route pass changed the batch's file since
         assert git(root, "rev-parse", "HEAD") == head
         assert git(root, "status", "--porcelain", "clusters", "unsorted") == ""
-        eng.revert(str(routed["commit"]))
+        eng.revert(str(routed.commit))
         eng.revert(str(res.commit))
         contents = {m.content for m, _a, _k in eng.state.all_memories()}
         assert contents == set(SAILING) | {
@@ -265,7 +266,7 @@ def test_the_pass_uses_the_scores_made_while_it_waited(
         assert sum(cid == "c-0000aaaa" for cid in kept.values()) == 4
         calls.clear()
         out = eng.maybe_route(force=True)
-        assert out is not None and out["routed"] == 4 and calls == []
+        assert out is not None and out.routed == 4 and calls == []
         cluster = yaml.safe_load((root / "clusters" / "c-0000aaaa.yaml").read_text())
         assert {m["content"] for m in cluster["memories"]} == set(SAILING + NEW_SAILING)
         assert_same_as_files(eng)
@@ -292,7 +293,7 @@ def test_scores_made_before_a_cluster_changed_are_not_used(
         assert eng.index.route_key is not key  # the cluster's profile changed
         calls = _route_calls(monkeypatch)
         out = eng.maybe_route(force=True)
-        assert out is not None and out["routed"] == 4 and calls == [6]
+        assert out is not None and out.routed == 4 and calls == [6]
         assert_same_as_files(eng)
     finally:
         eng.close()

@@ -56,7 +56,7 @@ def test_batch_add_keeps_arrival_order_in_files_and_clusters(store: Path) -> Non
         assert len({m["created_at"] for m in mems}) == 1
         assert [m["content"] for m in mems] == texts
         res = eng.recluster(backend="none")
-        assert res["status"] == "accepted", res
+        assert res.status == "accepted", res
         files = sorted((store / "clusters").glob("*.yaml"))
         assert len(files) == 3
         for f in files:

@@ -122,7 +122,7 @@ def test_engine_query_uses_the_refiner(tmp_path, fake: FakeOllama) -> None:
         fake.script.append({"content": {"clusters": ["C5"]}})
         eng.hooks.refiner = _refiner(fake)
         out = eng.query("trail notes", max_memories=3)
-        assert [c["id"] for c in out["clusters"]] == [cands[4][0]]
-        assert {m["cluster_id"] for m in out["memories"]} == {cands[4][0]}
+        assert [c.id for c in out.clusters] == [cands[4][0]]
+        assert {m.cluster_id for m in out.memories} == {cands[4][0]}
     finally:
         eng.close()

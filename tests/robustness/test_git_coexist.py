@@ -282,7 +282,7 @@ def test_a_hand_edit_whose_commit_fails_is_not_served(
 
         monkeypatch.setattr(GitStore, "_stage", person_checks_out_a_branch)
         out = eng.check_outside()
-        assert out is not None and "paused" in out
+        assert out is not None and out.paused
         monkeypatch.setattr(GitStore, "_stage", real)
         git(store, "checkout", "-q", "main")
         git(store, "reset", "-q", "--hard")  # the person drops the file (staged by the daemon)
@@ -515,7 +515,7 @@ def test_a_start_serves_head_not_the_persons_staged_files(store: Path, warm: boo
         assert memory_id(text) not in eng.state.memory_ids()
         assert len(eng.index) == 1
         out = eng.check_outside()
-        assert out is not None and "staged" in out["paused"]
+        assert out is not None and "staged" in out.paused
         git(store, "reset", "-q", "--hard")
         assert eng.check_outside() is None
         _served_is_a_fresh_load_of_head(eng, store)

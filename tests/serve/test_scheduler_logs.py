@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from clagd.serve.scheduler import Scheduler
+from clagd.serve.scheduler import Activity, Scheduler
 
 
 def _scheduler(**jobs: Any) -> Scheduler:
@@ -86,12 +86,12 @@ def test_a_session_triggered_while_one_runs_runs_after_it() -> None:
         sched.trigger_session("memories")
         assert first_running.wait(30)
         sched.trigger_session("rounds")
-        assert sched.activity() == {"session_queued": True, "session_running": True}
+        assert sched.activity() == Activity(session_queued=True, session_running=True)
         # the second run comes due while the first still runs; then the first ends
         wait_for(lambda: sched.sched.get_job("session-now") is None, 30, "the run to come due")
         release.set()
         wait_for(lambda: len(runs) == 2, 30, "the second triggered session")
-        wait_for(lambda: not any(sched.activity().values()), 30, "the scheduler to be idle")
+        wait_for(lambda: sched.activity() == Activity(False, False), 30, "the scheduler to be idle")
         sched.trigger_session("rounds")
         wait_for(lambda: len(runs) == 3, 30, "a later trigger")
     finally:

@@ -86,7 +86,7 @@ def test_revert_that_would_store_a_memory_twice_is_refused(store: Path) -> None:
         assert git(store, "status", "--porcelain", "--", "clusters", "unsorted") == ""
         counts = Counter(head_contents(store))
         assert len(counts) == 6 and set(counts.values()) == {1}
-        assert len(eng.query("memory number things", max_memories=10)["memories"]) == 6
+        assert len(eng.query("memory number things", max_memories=10).memories) == 6
     finally:
         eng.close()
     Engine(store).close()  # and the store still loads

@@ -15,6 +15,7 @@ from helpers import DaemonProcess, git, head_contents, make_store, wait_for
 
 from clagd.engine.core import Engine
 from clagd.ingest.inbox import Item
+from clagd.store.packing import GcStatus
 
 
 def _packs(root: Path) -> list[Path]:
@@ -53,9 +54,9 @@ def _ingest(eng: Engine, n_batches: int, tag: str) -> list[str]:
     return texts
 
 
-def _finish(eng: Engine) -> dict:
+def _finish(eng: Engine) -> GcStatus:
     wait_for(lambda: not eng.packer.poll(), 60, "git gc to finish")
-    return eng.status()["git_gc"]
+    return eng.status().git_gc
 
 
 def test_gc_packs_the_daemons_uncompressed_loose_objects_and_loses_nothing(
@@ -76,8 +77,8 @@ def test_gc_packs_the_daemons_uncompressed_loose_objects_and_loses_nothing(
         assert zlib.decompress(obj.read_bytes()).startswith(b"blob ")
         assert eng.packer.start()
         st = _finish(eng)
-        assert st["runs"] == 1 and st["packed"] == 1 and st["failures"] == 0, st
-        assert st["last_result"].startswith("packed"), st
+        assert st.runs == 1 and st.packed == 1 and st.failures == 0, st
+        assert st.last_result.startswith("packed"), st
         assert _packs(store) and len(_loose(store)) < len(loose)
         git(store, "fsck", "--no-progress")  # raises on any broken or missing object
         assert Counter(head_contents(store)) == Counter(texts)
@@ -97,10 +98,10 @@ def test_commits_made_while_gc_runs_are_all_kept(store: Path) -> None:
         assert eng.packer.start()
         texts += _ingest(eng, 4, "during")  # gc runs in its own process meanwhile
         st = _finish(eng)
-        assert st["packed"] == 1 and st["failures"] == 0, st
+        assert st.packed == 1 and st.failures == 0, st
         assert eng.packer.start()  # and once more, over what the commits left
         st = _finish(eng)
-        assert st["failures"] == 0, st
+        assert st.failures == 0, st
         git(store, "fsck", "--no-progress")
         assert Counter(head_contents(store)) == Counter(texts)
         assert eng.check_outside() is None  # the working tree is still HEAD's
@@ -117,7 +118,7 @@ def test_a_persons_gc_auto_0_turns_packing_off(store: Path) -> None:
         before = len(_loose(store))
         assert eng.packer.start()
         st = _finish(eng)
-        assert st["last_result"] == "nothing to pack" and st["packed"] == 0, st
+        assert st.last_result == "nothing to pack" and st.packed == 0, st
         assert len(_loose(store)) == before and not _packs(store)
     finally:
         eng.close()
@@ -135,14 +136,14 @@ def test_a_failing_gc_is_reported_and_tried_again_later(
         with caplog.at_level(logging.WARNING, logger="clagd.git"):
             assert eng.packer.start()
             st = _finish(eng)
-        assert st["failures"] == 1 and st["last_result"].startswith("failed: git gc"), st
-        assert "pruneexpire" in st["last_result"].lower(), st
+        assert st.failures == 1 and st.last_result.startswith("failed: git gc"), st
+        assert "pruneexpire" in st.last_result.lower(), st
         assert any("failed: git gc" in r.getMessage() for r in caplog.records)
         assert not eng.packer.due()  # not again before the interval is over
         assert Counter(head_contents(store)) == Counter(texts)
         git(store, "config", "--unset", "gc.pruneExpire")
         assert eng.packer.start()
-        assert _finish(eng)["packed"] == 1
+        assert _finish(eng).packed == 1
     finally:
         eng.close()
 

@@ -50,7 +50,7 @@ def test_failed_operation_restores_only_what_it_touched(tmp_path: Path) -> None:
         assert eng.state.clusters[cids[0]].name != "Half applied"
         assert all(m.content != "half-applied memory" for m, _a, _k in eng.state.all_memories())
         assert "half-applied memory" not in [
-            h["content"] for h in eng.query("half applied memory", count_round=False)["memories"]
+            h.content for h in eng.query("half applied memory", count_round=False).memories
         ]
         files = load_state(root)
         files.unsorted.pop("u-20260101T000000-aaaaaa")
@@ -185,7 +185,7 @@ def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
         assert seen["prepare thread"] == "clagd-writer"
         assert seen["index while git commits"] is before  # not served before the commit
         assert eng.index is seen["prepared"].index  # type: ignore[attr-defined]
-        assert eng.query("kites", count_round=False)["memories"][0]["content"].endswith("kites")
+        assert eng.query("kites", count_round=False).memories[0].content.endswith("kites")
 
         # a commit that fails: the prepared snapshot is dropped
         def failing(*a, **kw):  # type: ignore[no-untyped-def]
@@ -199,7 +199,7 @@ def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
             h.memory.content
             for h in seen["prepared"].index.search("boats never lands").memories  # type: ignore[attr-defined]
         )
-        assert not eng.query("boats never lands", count_round=False)["memories"]
+        assert not eng.query("boats never lands", count_round=False).memories
 
         # a preparation that fails: logged, the snapshot is made after the commit
         monkeypatch.setattr(eng.git, "commit", real_commit)
@@ -209,7 +209,7 @@ def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
 
         monkeypatch.setattr(eng.writer, "prepare", broken)
         eng.ingest([Item("a memory about trains", None, {})], "test")
-        assert eng.query("trains", count_round=False)["memories"][0]["content"].endswith("trains")
+        assert eng.query("trains", count_round=False).memories[0].content.endswith("trains")
         files = load_state(root)
         assert files.memory_ids() == eng.state.memory_ids() == eng.index.memory_ids()
     finally:
