@@ -295,11 +295,14 @@ _ENV = {
 }
 
 
-def load_config(store: Path | None = None, env: dict[str, str] | None = None) -> Config:
-    """Defaults, then `<store>/clagd.yaml`, then environment overrides (CLAGD_BACKEND, ...)."""
+def load_config(
+    store: Path | None = None, env: dict[str, str] | None = None, file: Path | None = None
+) -> Config:
+    """Defaults, then `<store>/clagd.yaml` (or `file`, a clagd.yaml anywhere), then
+    environment overrides (CLAGD_BACKEND, ...)."""
     cfg = Config()
-    if store is not None:
-        path = Path(store) / "clagd.yaml"
+    if store is not None or file is not None:
+        path = Path(file) if file is not None else Path(store or ".") / "clagd.yaml"
         if path.exists():
             try:
                 data = load_yaml_file(path, unique_keys=True)
@@ -317,5 +320,8 @@ def load_config(store: Path | None = None, env: dict[str, str] | None = None) ->
             _fill(cfg, nested, "", f"environment {var}")
     from clagd.config_checks import check_config
 
-    check_config(cfg, str(Path(store) / "clagd.yaml") if store is not None else "defaults")
+    where = str(file) if file is not None else None
+    if where is None:
+        where = str(Path(store) / "clagd.yaml") if store is not None else "defaults"
+    check_config(cfg, where)
     return cfg

@@ -37,6 +37,7 @@ class Question:
     text: str
     category: int
     evidence: list[str]  # dia ids
+    answer: str = ""  # the gold answer (a year or count is kept as text)
 
 
 def parse_evidence(items: Sequence[Any]) -> list[str]:
@@ -97,7 +98,7 @@ def questions(conv: dict[str, Any]) -> list[Question]:
         cat = qa.get("category")
         ev = parse_evidence(qa.get("evidence") or [])
         if cat in CATEGORIES and ev and qa.get("question"):
-            out.append(Question(str(qa["question"]), int(cat), ev))
+            out.append(Question(str(qa["question"]), int(cat), ev, str(qa.get("answer", ""))))
     return out
 
 

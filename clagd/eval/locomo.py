@@ -50,12 +50,12 @@ ORG_KEYS = ("sessions", "route_passes", "routed", "clusters", "unsorted", "memor
 
 
 # --------------------------------------------------------------------------- progress
-class _Progress:
+class Progress:
     """Progress lines on stderr: one per conversation step, and a question counter."""
 
-    def __init__(self, total: int, enabled: bool, prefix: str) -> None:
+    def __init__(self, total: int, enabled: bool, prefix: str, unit: str = "questions") -> None:
         self.total, self.done, self.enabled = total, 0, enabled and total > 0
-        self.prefix = prefix
+        self.prefix, self.unit = prefix, unit
         self._shown = -1.0
 
     def line(self, text: str) -> None:
@@ -69,7 +69,7 @@ class _Progress:
         if not self.enabled or (now - self._shown < 5.0 and self.done < self.total):
             return
         self._shown = now
-        self.line(f"{self.done}/{self.total} questions")
+        self.line(f"{self.done}/{self.total} {self.unit}")
 
 
 # --------------------------------------------------------------------------- baselines
@@ -125,10 +125,17 @@ class _Run:
         self.per_cat = {c: {s: Tally(self.ks) for s in SYSTEMS} for c in CATEGORIES}
         self.org = dict.fromkeys(ORG_KEYS, 0)
 
-    def add(self, system: str, cat: int, evidence: set[str], answer: tuple) -> None:
+    def add(
+        self,
+        system: str,
+        cat: int,
+        evidence: set[str],
+        answer: tuple,
+        session_of: dict[str, int] | None = None,
+    ) -> None:
         ranked, tokens, ms, costs = answer
         for t in (self.tallies[system], self.per_cat[cat][system]):
-            t.add(ranked, evidence, tokens, ms, costs)
+            t.add(ranked, evidence, tokens, ms, costs, session_of)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {s: self.tallies[s].summary() for s in SYSTEMS}
@@ -150,7 +157,7 @@ class _Run:
         return out
 
 
-def _pipeline_factory(
+def pipeline_factory(
     protocol: str, pipeline: str, batch: int | None, log: Callable[[str], None] | None
 ) -> Callable[[Config, BackendKind], Pipeline]:
     if pipeline == "inprocess":
@@ -179,7 +186,8 @@ def _ask(
     qs: list[Question],
     by_dia: dict[str, str],
     run: _Run,
-    bar: _Progress,
+    bar: Progress,
+    session_of: dict[str, int],
 ) -> None:
     """Every question through clagd and both baselines."""
     for q in qs:
@@ -192,9 +200,10 @@ def _ask(
         ms = (time.perf_counter() - t0) * 1000
         pipe.settle()
         ranked = [m["id"] for m in res["memories"]]
-        run.add("clagd", q.category, evidence, (ranked, int(res["tokens"]), ms, line_tokens(res)))
-        run.add("flat_bm25", q.category, evidence, base.flat_bm25(q.text))
-        run.add("recency", q.category, evidence, base.recency())
+        clagd = (ranked, int(res["tokens"]), ms, line_tokens(res))
+        run.add("clagd", q.category, evidence, clagd, session_of)
+        run.add("flat_bm25", q.category, evidence, base.flat_bm25(q.text), session_of)
+        run.add("recency", q.category, evidence, base.recency(), session_of)
         run.full_tokens.append(base.full_tokens)
         bar.step()
 
@@ -206,7 +215,7 @@ def _conversation(
     config: Config,
     backend: BackendKind,
     run: _Run,
-    bar: _Progress,
+    bar: Progress,
 ) -> None:
     """One conversation: a fresh pipeline, its turns in, its questions out."""
     turns = conversation_turns(conv)
@@ -224,7 +233,7 @@ def _conversation(
             f"{time.monotonic() - t0:.1f}s ({org['sessions']} sessions, {org['clusters']} "
             f"clusters, {org['routed']} routed, {org['unsorted']} unsorted)"
         )
-        _ask(pipe, base, qs, by_dia, run, bar)
+        _ask(pipe, base, qs, by_dia, run, bar, {memory_id(t.content): t.session for t in turns})
         for key, value in pipe.organization().items():
             run.org[key] = run.org.get(key, 0) + value
     finally:
@@ -255,8 +264,8 @@ def run_eval(
     convs = convs[:max_conversations] if max_conversations else convs
     work = [(c, questions(c)[:max_questions] if max_questions else questions(c)) for c in convs]
     label = pipeline if pipeline in ("inprocess", "stream-inprocess") else protocol
-    bar = _Progress(sum(len(q) for _, q in work), progress, f"locomo {label}")
-    make = _pipeline_factory(protocol, pipeline, batch, bar.line if progress else None)
+    bar = Progress(sum(len(q) for _, q in work), progress, f"locomo {label}")
+    make = pipeline_factory(protocol, pipeline, batch, bar.line if progress else None)
     run = _Run(ks)
     for conv, qs in work:
         _conversation(conv, qs, make, config, backend, run, bar)
@@ -286,9 +295,12 @@ def format_table(result: dict[str, Any], ks: Sequence[int] = (5, 10)) -> str:
     """The systems side by side (clagd once per protocol), per category, organization."""
     runs = result.get("protocols") or {result.get("protocol", "clagd"): result}
     rk = f"recall@{max(ks)}"
-    cols = [f"recall@{k}" for k in ks] + [f"hit@{k}" for k in ks]
+    cols = [f"recall@{k}" for k in ks] + [f"session@{max(ks)}"] + [f"hit@{k}" for k in ks]
     cols += [f"precision@{max(ks)}", "tokens", "wasted_tokens", "p50_ms", "p99_ms"]
-    short = [c.replace("precision", "prec").replace("wasted_tokens", "wasted") for c in cols]
+    short = [
+        c.replace("precision", "prec").replace("wasted_tokens", "wasted").replace("session", "sess")
+        for c in cols
+    ]
     lines = [f"{'system':<14}" + "".join(f"{c:>10}" for c in short)]
     for name, res in runs.items():
         lines.append(_row(f"clagd {name}", res["clagd"], cols))
@@ -340,19 +352,48 @@ def eval_command(
     file: str,
     ks: Sequence[int] | str = (5, 10),
     as_json: bool = False,
-    backend: BackendKind = "none",
+    backend: BackendKind | None = "none",
     protocol: str = "stream",
     batch: int | None = None,
+    config: Config | None = None,
+    answer: dict[str, Any] | None = None,
 ) -> int:
     """What `clagd eval locomo FILE [--protocol stream|batch|both] [--batch N] [--k 5,10]
-    [--json] [--backend ...]` runs; the exit code."""
+    [--json] [--backend ...] [--config CLAGD_YAML] [--answer ...]` runs; the exit code.
+    `answer` (the answer eval's options: questions, seed, formats, budget) switches from
+    evidence recall to the answers of the `backend` model."""
     ks = cutoffs(ks)
+    config = config or Config()
+    if answer is not None:
+        return _answer_command(file, ks, as_json, backend, protocol, config, answer)
     protocols = PROTOCOLS if protocol == "both" else (protocol,)
-    result = run_protocols(file, protocols, ks=ks, backend=backend, progress=True, batch=batch)
+    result = run_protocols(
+        file, protocols, ks=ks, backend=backend or "none", progress=True, batch=batch,
+        config=config,
+    )  # fmt: skip
     if as_json:
         print(json.dumps(result, indent=2))
     else:
         print(format_table(result, ks))
+    return 0
+
+
+def _answer_command(
+    file: str,
+    ks: Sequence[int],
+    as_json: bool,
+    backend: str | None,
+    protocol: str,
+    config: Config,
+    answer: dict[str, Any],
+) -> int:
+    from clagd.eval.answer_run import format_answer_table, run_answers
+    from clagd.eval.answers import AnswerEvalError
+
+    if protocol == "both":
+        raise AnswerEvalError("--answer takes one protocol (stream or batch)")
+    result = run_answers(file, config, backend, k=max(ks), protocol=protocol, **answer)
+    print(json.dumps(result, indent=2) if as_json else format_answer_table(result))
     return 0
 
 

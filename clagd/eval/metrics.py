@@ -1,13 +1,15 @@
 """Per-system tallies for the eval: evidence recall, hit, precision, tokens, latency.
 
 precision@k = evidence memories among the first k returned / memories returned (at most k;
-0 when nothing came back). `wasted_tokens` = the share of the context's estimated tokens
+0 when nothing came back). session@k = 1 when any of the first k memories comes from a
+LoCoMo session that holds evidence (LoCoMo's own session-level retrieval: whether the
+right part of the history was found at all). `wasted_tokens` = the share of the context's estimated tokens
 (at the largest k) that goes to returned memories that are not evidence: what a small model reads for nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +20,7 @@ class Tally:
         self.recall: dict[int, list[float]] = {k: [] for k in self.ks}
         self.hit: dict[int, list[float]] = {k: [] for k in self.ks}
         self.precision: dict[int, list[float]] = {k: [] for k in self.ks}
+        self.session: dict[int, list[float]] = {k: [] for k in self.ks}
         self.tokens: list[int] = []
         self.wasted: list[int] = []
         self.returned: list[int] = []
@@ -30,12 +33,17 @@ class Tally:
         tokens: int,
         ms: float,
         line_tokens: Sequence[int] | None = None,
+        session_of: Mapping[str, int] | None = None,
     ) -> None:
-        """One question: `ranked` memory ids (best first), the context's `tokens`, and the
-        tokens of each returned memory's line (same order as `ranked`)."""
+        """One question: `ranked` memory ids (best first), the context's `tokens`, the
+        tokens of each returned memory's line (same order as `ranked`), and the LoCoMo
+        session of each memory (for session@k)."""
+        sessions = session_of or {}
+        wanted = {sessions[e] for e in evidence if e in sessions}
         for k in self.ks:
             top = ranked[:k]
             found = len(set(top) & evidence)
+            self.session[k].append(1.0 if any(sessions.get(m) in wanted for m in top) else 0.0)
             self.recall[k].append(found / len(evidence))
             self.hit[k].append(1.0 if found else 0.0)
             self.precision[k].append(found / len(top) if top else 0.0)
@@ -63,6 +71,7 @@ class Tally:
             out[f"recall@{k}"] = mean(self.recall[k])
             out[f"hit@{k}"] = mean(self.hit[k])
             out[f"precision@{k}"] = mean(self.precision[k])
+            out[f"session@{k}"] = mean(self.session[k])
         out["tokens"] = mean(self.tokens, 1)
         out["wasted_tokens"] = mean(self.wasted, 1)
         out["returned"] = mean(self.returned, 2)
