@@ -14,7 +14,8 @@ model on the same items:
             organizer's.
 - name:     each new cluster's name, used as a query over the reference groups, must find
             the group most of its memories belong to (names copied from the examples never
-            do); versus the lexical organizer's names.
+            do); versus the lexical organizer's names for the reference groups (each group
+            named on its own, so that the baseline measures names, not grouping).
 - judge:    the yes/no "does this memory belong here" validator; its balanced accuracy (the
             AUC of a yes/no answer) must reach JUDGE_MIN_AUC before its verdicts count.
 
@@ -54,6 +55,9 @@ log = logging.getLogger("clagd.gate")
 GATE_SET = Path(__file__).with_name("gate_set.yaml")
 TASKS = ("route", "organize", "name", "judge")
 JUDGE_MIN_AUC = 0.75
+# how the gate scores (part of the cache key: a verdict scored another way is measured again)
+# 2: the naming baseline names the reference groups (was the one lexical cluster's name)
+SCORING = 2
 NEW = "NEW"
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=timezone.utc)
 
@@ -344,6 +348,20 @@ def _named(assign: Mapping[str, str], names: Mapping[str, str]) -> list[tuple[st
     return [(names[r], ms) for r, ms in members.items() if r in names]
 
 
+def lexical_names(
+    mems: list[Memory], truth: Mapping[str, int], cfg: SessionConfig
+) -> list[tuple[str, list[str]]]:
+    """The lexical organizer's names for the reference groups, each group organized on its
+    own: the naming baseline measures names, not the grouping (organized together, the
+    scene's memories are one time episode, one cluster with one name that can match only
+    one group: the baseline was 0.00 in every scene)."""
+    named: list[tuple[str, list[str]]] = []
+    for g in sorted(set(truth.values())):
+        plan = organize([m for m in mems if truth[m.id] == g], [], cfg)
+        named += _named(plan.assign, {pc.ref: pc.name for pc in plan.clusters})
+    return named
+
+
 def _plan(meter: _Meter, scene: Scene, template: str, cfg: SessionConfig) -> _PlanScores:
     mems = [
         Memory.new(t, created_at=(T0 + timedelta(minutes=2 * i)).isoformat())
@@ -356,8 +374,7 @@ def _plan(meter: _Meter, scene: Scene, template: str, cfg: SessionConfig) -> _Pl
     out = _PlanScores()
     lex = organize(mems, [], cfg)
     out.lexical_f1 = pair_f1(lex.assign, truth)
-    lex_names = {pc.ref: pc.name for pc in lex.clusters}
-    out.lexical_names = naming_score(_named(lex.assign, lex_names), groups, truth)
+    out.lexical_names = naming_score(lexical_names(mems, truth, cfg), groups, truth)
 
     max_new = min(6, max(1, math.ceil(len(mems) / 2)))
     aliases = Aliases.make([m.id for m in mems], [], max_new)
@@ -526,6 +543,7 @@ def _decide(
 def cache_key(backend: Backend, set_hash: str, prompts: str, scenes: int) -> str:
     who = f"{backend.name}\0{backend.model}\0{getattr(backend, 'host', '') or ''}"
     text = f"{who}\0{set_hash}\0{hashlib.sha256(prompts.encode()).hexdigest()}\0{scenes}"
+    text += f"\0{SCORING}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -602,7 +620,7 @@ class GateRefused(ClagdError):
     code = "gate"
 
 
-def test_backend(
+def backend_verdict(
     store: Path, kind: str | None = None, force: bool = True, scenes: int | None = None
 ) -> tuple[GateResult | None, str]:
     """`clagd backend test`: pick the backend as the daemon would (or `kind`), measure it

@@ -18,8 +18,9 @@ from junk import JUNK
 from clagd.cli import main
 from clagd.config import Config, OllamaConfig
 from clagd.engine.core import Engine
+from clagd.organize import gate
 from clagd.organize.examples import copied, prompt_examples
-from clagd.organize.gate import GateResult, TaskScore, cache_file, gate_for
+from clagd.organize.gate import GateResult, TaskScore, cache_file, cache_key, gate_for, measure
 from clagd.organize.prompts import load_prompt
 from clagd.organize.session import run_session
 from clagd.organize.validation import looping
@@ -46,6 +47,20 @@ LATER = {
 
 def _backend(fake: FakeOllama) -> OllamaBackend:
     return OllamaBackend(OllamaConfig(host=fake.url, timeout=5.0))
+
+
+def test_the_lexical_naming_baseline_reaches_the_score(fake: FakeOllama) -> None:
+    """The lexical organizer's names for the reference groups find their group: organized
+    together, a scene's memories were one lexical cluster with one name, and the naming
+    baseline was 0.00 in both scenes whatever the names were."""
+    res = measure(_backend(fake), None)
+    assert res.tasks["name"].lexical == 1.0
+
+
+def test_the_cache_key_follows_how_the_gate_scores(fake: FakeOllama, monkeypatch) -> None:
+    before = cache_key(_backend(fake), "set", "prompts", 2)
+    monkeypatch.setattr(gate, "SCORING", gate.SCORING + 1)
+    assert cache_key(_backend(fake), "set", "prompts", 2) != before
 
 
 def test_prompt_examples_and_copy_detection() -> None:
