@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, wait_for
+
+from clagd.serve.daemon import lock_holder
 
 TOUR = REPO / "examples" / "tour" / "tour.sh"
 README_DIR = "/tmp/tour"  # the folder the README's transcript was made in
@@ -52,14 +55,34 @@ def readme_transcript() -> str:
     return block.group(1)
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="the tour needs the git CLI")
-def test_readme_tour_is_what_the_script_prints(tmp_path: Path) -> None:
+def tour_env(tmp_path: Path, how: str) -> dict[str, str]:
+    """The environment of a tour run. "CLAGD": the tests' way (CLAGD="python -m clagd");
+    "PATH": the README's way, CLAGD unset and a `clagd` on PATH (a wrapper that runs this
+    source tree, as the installed entry point would)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAGD", "NOTIFY_"))}
+    env["PYTHONPATH"] = str(REPO)
+    if how == "CLAGD":
+        env["CLAGD"] = f"{sys.executable} -m clagd"
+    else:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        wrapper = bin_dir / "clagd"
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m clagd "$@"\n')
+        wrapper.chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="the tour needs the git CLI")
+
+
+@needs_git
+@pytest.mark.parametrize("how", ["PATH", "CLAGD"])
+def test_readme_tour_is_what_the_script_prints(tmp_path: Path, how: str) -> None:
     work = tmp_path / "tour"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAGD_", "NOTIFY_"))}
-    env.update(PYTHONPATH=str(REPO), CLAGD=f"{sys.executable} -m clagd")
     proc = subprocess.run(
         ["bash", str(TOUR), str(work)],
-        env=env,
+        env=tour_env(tmp_path, how),
         capture_output=True,
         text=True,
         timeout=180,
@@ -82,6 +105,30 @@ def test_readme_tour_is_what_the_script_prints(tmp_path: Path) -> None:
     assert len(warnings) == 1 and "broken.json" in warnings[0], daemon_log
     # `kill %1` stopped the daemon itself, cleanly (not only a subshell around it)
     assert daemon_log.rstrip().endswith("clagd: stopped"), daemon_log
+    assert lock_holder(work / "memory") is None
+
+
+@needs_git
+def test_tour_stops_its_daemon_when_it_is_killed(tmp_path: Path) -> None:
+    """A tour cut short (Ctrl-C, a kill, a failed command) leaves no daemon behind."""
+    work = tmp_path / "tour"
+    proc = subprocess.Popen(
+        ["bash", str(TOUR), str(work)],
+        env=tour_env(tmp_path, "PATH"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+        wait_for(lambda: lock_holder(work / "memory"), 60, "the tour's daemon")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_for(lambda: lock_holder(work / "memory") is None, 30, "the daemon to stop")
+    assert (work / "daemon.log").read_text().rstrip().endswith("clagd: stopped")  # SIGTERM
 
 
 def test_masks_keep_what_matters() -> None:

@@ -6,8 +6,12 @@
 #
 # Deterministic on purpose: backend `none` (the lexical organizer, no model), fixed
 # created_at times on every memory, and the three inbox files renamed in with one `mv`,
-# so they land in one commit. Commit ids, commit dates and session ids still change from
-# run to run (the test masks them).
+# so they land in one commit. Commit ids, commit and rejection times, session ids and
+# cluster ids still change from run to run (the test masks them).
+#
+# `clagd` is the clagd on PATH; set CLAGD to run another command instead (the tests set
+# CLAGD="python -m clagd" to run the source tree). The daemon is stopped on every way out:
+# success, a failed command, Ctrl-C or a kill of this script.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,10 +23,11 @@ if [ -n "$(ls -A "$WORK")" ]; then
 fi
 cd "$WORK"
 cp "$HERE/trip.yaml" "$HERE/ana.md" "$HERE/broken.json" .
-CLAGD="${CLAGD:-clagd}"  # tests run `python -m clagd` from the source tree
+CLAGD="${CLAGD:-clagd}"
 # in a background job (`clagd run ... &`) the function runs in a subshell: exec, so that the
-# job is the daemon itself and `kill %1` stops it (not only the subshell around it)
-clagd() { if [ "$BASHPID" != "$$" ]; then exec $CLAGD "$@"; fi; $CLAGD "$@"; }
+# job is the daemon itself and `kill %1` stops it (not only the subshell around it).
+# `command` runs the program, never this function again (CLAGD=clagd would recurse).
+clagd() { if [ "$BASHPID" != "$$" ]; then exec $CLAGD "$@"; fi; command $CLAGD "$@"; }
 
 LAST=""
 run() {  # print "$ command", run it in this shell, print its output
@@ -34,8 +39,14 @@ run() {  # print "$ command", run it in this shell, print its output
     rm -f "$out"
     [ -z "$LAST" ] || printf '%s\n' "$LAST"
 }
-stop_daemon() { kill %1 2>/dev/null && wait %1 2>/dev/null || true; }
+stop_daemon() {  # every background job of this script is the daemon: stop it, wait for it
+    local pids
+    pids="$(jobs -p)"
+    [ -z "$pids" ] || { kill $pids 2>/dev/null || true; wait $pids 2>/dev/null || true; }
+}
 trap stop_daemon EXIT
+trap 'exit 130' INT   # a signal exits through the EXIT trap too
+trap 'exit 143' TERM
 
 run 'export CLAGD_STORE=./memory CLAGD_BACKEND=none   # backend none: the lexical organizer'
 run 'clagd run ./memory >daemon.log 2>&1 &          # or as a service (docs/service.md)'
