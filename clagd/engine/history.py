@@ -10,12 +10,47 @@ MEMORY_DIRS = set(DATA_DIRS)
 
 
 def commits_for(git: GitStore, ref: str) -> list[str]:
-    """The commits `ref` names: a session id's commits (newest first), else one commit.
+    """The commits `ref` names that are still in effect: a session id's commits (newest
+    first; its own reverts, a rolled-back plan, are not undone again), else one commit.
+    A ref whose every commit was reverted already (by `clagd revert`) is refused with
+    Conflict `already_reverted`, naming the revert: reverting twice changes nothing.
     Refused (Conflict, one line) when one changes anything outside the memory folders:
     undoing the store's first commit would delete clagd.yaml, prompts/ and .gitignore, a
     config or prompt commit is the person's to revert with git."""
-    shas = git.find_by_trailer("session", ref) if not looks_like_sha(ref) else []
-    shas = shas or [git.resolve(ref)]
+    entries = git.log(2000)
+    kinds = {e.commit: e.kind for e in entries}
+    reverts: dict[str, list[str]] = {}
+    for e in entries:
+        if e.kind == "revert" and e.trailers.get("reverts"):
+            reverts.setdefault(e.trailers["reverts"], []).append(e.commit)
+    session = (
+        []
+        if looks_like_sha(ref)
+        else [e.commit for e in entries if e.trailers.get("session") == ref]
+    )
+    named = [s for s in session if kinds[s] != "revert"] if session else [git.resolve(ref)]
+    shas = [s for s in named if _undone_by(s, reverts) is None]
+    if not shas:
+        by = _undone_by(named[0], reverts) if named else None
+        what = f"session {ref}" if session else named[0][:10]
+        raise Conflict(
+            f"{what} is already reverted (by {str(by)[:10]}): nothing changed", "already_reverted"
+        )
+    _check_inside(git, shas)
+    return shas
+
+
+def _undone_by(sha: str, reverts: dict[str, list[str]], depth: int = 0) -> str | None:
+    """The revert commit that undid `sha` and is itself still in effect, else None."""
+    if depth > 20:  # a revert of a revert of ...: treat the deepest as in effect
+        return None
+    for r in reverts.get(sha, []):
+        if _undone_by(r, reverts, depth + 1) is None:
+            return r
+    return None
+
+
+def _check_inside(git: GitStore, shas: list[str]) -> None:
     for sha in shas:
         outside = [p for p in git.changed_files(sha) if p.split("/")[0] not in MEMORY_DIRS]
         if outside:
@@ -24,7 +59,6 @@ def commits_for(git: GitStore, ref: str) -> list[str]:
                 f"cannot revert {sha[:10]}: it changes {outside[0]}{more}, outside "
                 "clusters/, archive/ and unsorted/ (revert it with git itself if you mean it)"
             )
-    return shas
 
 
 def revert_commits(ctx: WriteContext, shas: list[str]) -> list[str]:
@@ -35,8 +69,6 @@ def revert_commits(ctx: WriteContext, shas: list[str]) -> list[str]:
     try:
         for sha in shas:
             entry = ctx.git.log(1, sha)[0]
-            if entry.kind == "revert" and sha != shas[0]:
-                continue  # a session's own revert (a rolled-back plan) is not undone again
             new = ctx.revert(
                 sha,
                 f"revert: {entry.subject}"[:200],

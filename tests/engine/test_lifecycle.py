@@ -245,3 +245,33 @@ def test_export_markdown(daemon: InProcessDaemon, tmp_path: Path) -> None:
     for t in [t for ts in TOPICS.values() for t in ts] + ["An unsorted memory to export"]:
         assert t in text
     assert all(f.read_text().startswith("# ") for f in files)
+
+
+def test_reverting_what_is_already_reverted_says_so_and_changes_nothing(
+    daemon: InProcessDaemon,
+) -> None:
+    _fill(daemon)
+    with daemon.client() as c:
+        out = c.recluster()
+        first = c.revert(out["session_id"])
+        head = c.status()["head"]
+        tree = _tree(daemon.root)
+        with pytest.raises(ClientError) as err:
+            c.revert(out["session_id"])
+        assert err.value.code == "already_reverted"
+        assert str(err.value) == (
+            f"session {out['session_id']} is already reverted "
+            f"(by {first['commits'][0][:10]}): nothing changed"
+        )
+        # the same for the session's commit named by its id
+        with pytest.raises(ClientError, match="is already reverted"):
+            c.revert(out["commits"][0])
+        assert c.status()["head"] == head and _tree(daemon.root) == tree
+        # undoing the revert brings the session back; then the session can be reverted again
+        c.revert(first["commits"][0])
+        assert _tree(daemon.root) != tree
+        again = c.revert(out["session_id"])
+        assert len(again["commits"]) == len(first["commits"])
+        assert _tree(daemon.root) == tree
+    res = CliRunner().invoke(main, ["--socket", str(daemon.socket), "revert", out["session_id"]])
+    assert res.exit_code == 1 and "is already reverted" in res.output
