@@ -120,8 +120,10 @@ def loads(text: str, unique_keys: bool = False) -> Any:
             _check_no_alias(text)
         loader = _UniqueKeyLoader if unique_keys else _FastLoader
         return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError as exc:
-        raise YamlError(" ".join(str(exc).split())) from None
+    except yaml.YAMLError as exc:  # "in "<unicode string>", line 3": the caller names the file
+        raise YamlError(
+            " ".join(str(exc).replace('in "<unicode string>", ', "at ").split())
+        ) from None
     except RecursionError:
         # libyaml refuses nesting past 1000 levels itself; between Python's recursion limit
         # and that, building the nested lists and mappings would overflow the stack

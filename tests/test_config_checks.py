@@ -118,3 +118,24 @@ def test_a_changed_config_is_applied_or_reported(daemon: InProcessDaemon) -> Non
         st = wait_for(lambda: (s := c.status())["config"]["error"] and s, 15, "the error")
         assert "'retrieval.k1'" in st["config"]["error"]
         assert daemon.engine.config.retrieval.k1 == 1.2  # still running with the old value
+
+
+def test_a_yaml_syntax_error_names_the_file_and_the_line(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "memory")
+    path = store / "clagd.yaml"
+    path.write_text("retrieval:\n  max_memories: 5\n   k1: 1.2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(store, env={})
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: ") and "line 3" in msg, msg
+    assert "<unicode string>" not in msg
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAGD_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "clagd", "run", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert run.returncode == 78
+    assert str(path) in run.stderr and "<unicode string>" not in run.stderr
