@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ import click
 from clagd import __version__
 from clagd.client import Client
 from clagd.config import BackendKind
-from clagd.errors import ClagdError
-from clagd.protocol import SOCKET_ENV, resolve_socket, store_path
+from clagd.errors import ClagdError, DaemonNotRunning
+from clagd.protocol import MAX_MEMORIES_LIMIT, SOCKET_ENV, resolve_socket, store_path
 from clagd.serve.units import EX_CONFIG
 
 # Exit statuses (`clagd --help` lists them): scripts tell "start the daemon" apart from
@@ -28,6 +29,8 @@ EXIT_NOT_RUNNING = 69  # sysexits.h EX_UNAVAILABLE: no daemon serves the store
 EXIT_BAD_CONFIG = EX_CONFIG  # 78: `clagd run` found a bad clagd.yaml (the unit's
 # RestartPreventExitStatus=, so systemd does not restart a daemon that cannot start)
 _EXIT_BY_CODE = {"not_running": EXIT_NOT_RUNNING, "not_a_store": EXIT_USAGE}
+# clagd is not on the package index: an extra is installed from a checkout of clagd
+MCP_HINT = "pip install '.[mcp]' in a checkout of clagd (the mcp extra)"
 
 EPILOG = f"""\b
 Exit status:
@@ -60,18 +63,38 @@ class Ctx:
         return Client(self.socket_path(), timeout=timeout)
 
     def require_store(self) -> None:
-        """A mistyped --store says so, rather than "no daemon running"."""
+        """A mistyped --store says so, rather than "no daemon running", with advice that
+        works there: the store it lies inside, the store inside it, or how to make one."""
         if (self.store / "clagd.yaml").is_file():
             return
         path = click.format_filename(str(self.store))
-        if self.store.is_dir() and any(self.store.iterdir()):
-            hint = f"check the path, or make one there: clagd init --force {path}"
-        else:
-            hint = f"clagd init {path} (or clagd run {path}, which creates it and serves it)"
-        raise NotAStore(f"{path} is not a clagd store (no clagd.yaml): {hint}")
+        raise NotAStore(f"{path} is not a clagd store (no clagd.yaml): {self._store_hint(path)}")
+
+    def _store_hint(self, path: str) -> str:
+        from clagd.store.files import enclosing_store, is_store
+
+        outer = enclosing_store(self.store)
+        if outer is not None:  # never `init` there: a store inside a store
+            return f"it is a folder inside the store {outer}: use --store {outer}"
+        if not self.store.is_dir():
+            return f"clagd init {path} (or clagd run {path}, which creates it and serves it)"
+        inner = [d for d in sorted(self.store.iterdir()) if d.is_dir() and is_store(d)]
+        if inner:
+            return f"did you mean {inner[0]}? (--store {inner[0]})"
+        if any(self.store.iterdir()):
+            return f"check the path, or make one there: clagd init --force {path}"
+        return f"clagd init {path} (or clagd run {path}, which creates it and serves it)"
+
+    def own_socket(self) -> Path:
+        """The socket the store's daemon serves unless it was started with --socket."""
+        env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
+        return resolve_socket(self.store, None, env=env)
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="print the result as JSON (for scripts)"
+)
 
 
 def _emit(data: Any, as_json: bool, text: str | None = None) -> None:
@@ -88,7 +111,7 @@ class _Group(click.Group):
         except ClagdError as exc:
             msg = str(exc)
             if exc.code == "not_running" and isinstance(ctx.obj, Ctx):
-                msg = _not_running_message(ctx.obj.store, msg)
+                msg = _not_running_message(ctx.obj, msg)
             click.echo(f"clagd: {msg}", err=True)
             sys.exit(_EXIT_BY_CODE.get(exc.code or "", EXIT_ERROR))
         except OSError as exc:  # e.g. a store of another user: one line, not a traceback
@@ -96,19 +119,42 @@ class _Group(click.Group):
             sys.exit(EXIT_ERROR)
 
 
-def _not_running_message(store: Path, msg: str) -> str:
-    """ "Not running" only when it is true: a daemon holding the store's lock is running,
-    though its socket does not answer (deleted: it re-creates it within seconds)."""
+def _not_running_message(c: Ctx, msg: str) -> str:
+    """ "Not running" only when it is true, and "unresponsive" only after the daemon's own
+    socket did not answer: a daemon holding the store's lock is running; when the socket
+    tried was another one (--socket, $CLAGD_SOCKET), its own is asked before anything is
+    said about it."""
     from clagd.serve.daemon import lock_holder
 
-    pid = lock_holder(store)
+    pid = lock_holder(c.store)
     if pid is None:
         return msg
+    tried, own = c.socket_path(), c.own_socket()
+    if tried != own and _answers(own):
+        return (
+            f"no clagd daemon answers at {tried} ({msg}); the daemon of {c.store} (pid {pid}) "
+            f"serves {own}: leave out --socket (and unset {SOCKET_ENV}), or use --socket {own}"
+        )
+    if tried != own:
+        return (
+            f"a clagd daemon (pid {pid}) is running on {c.store} but answers neither at {tried} "
+            f"({msg}) nor at the store's socket {own}: it was started with another --socket "
+            f"(its log's 'serving ... on' line names it), or it is stuck: stop it with kill {pid}"
+        )
     return (
-        f"a clagd daemon (pid {pid}) is running on {store} but does not answer at its socket "
+        f"a clagd daemon (pid {pid}) is running on {c.store} but does not answer at its socket "
         f"({msg}); it re-creates a deleted socket within seconds: try again, or stop it with "
         f"kill {pid}"
     )
+
+
+def _answers(path: Path) -> bool:
+    try:
+        with Client(path, timeout=5.0) as cl:
+            cl.ping()
+    except (ClagdError, OSError):
+        return False
+    return True
 
 
 @click.group(cls=_Group, epilog=EPILOG)
@@ -174,32 +220,94 @@ def run(c: Ctx, path: str | None, log_level: str) -> None:
 
 @main.command()
 @click.argument("content", required=False)
+@click.option(
+    "--file",
+    "-f",
+    "from_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="read the memory from this file (no shell argument limit); `-` as CONTENT: stdin",
+)
 @click.option("--meta", "-m", multiple=True, help="metadata KEY=VALUE (repeatable)")
 @click.option("--created-at", help="ISO 8601 time (default: now)")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def add(
-    c: Ctx, content: str | None, meta: tuple[str, ...], created_at: str | None, as_json: bool
+    c: Ctx,
+    content: str | None,
+    from_file: str | None,
+    meta: tuple[str, ...],
+    created_at: str | None,
+    as_json: bool,
 ) -> None:
-    """Store one memory (CONTENT, or standard input)."""
-    if content is None or content == "-":
-        content = sys.stdin.read()
-    metadata: dict[str, Any] = {}
-    for kv in meta:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{kv!r} is not KEY=VALUE", param_hint="--meta")
-        try:
-            metadata[k] = json.loads(v)
-        except ValueError:
-            metadata[k] = v
+    """Store one memory: CONTENT, or --file FILE, or standard input (`clagd add - < FILE`).
+
+    A memory holds at most 65,536 characters; a longer text is refused with its size:
+    split it into several memories."""
+    from clagd.ingest.inbox import validate_item
+
+    item: dict[str, Any] = {"content": _memory_text(content, from_file)}
+    metadata = _metadata(meta)
+    if metadata:
+        item["metadata"] = metadata
+    if created_at:
+        item["created_at"] = created_at
+    validate_item(item, "memory")  # the daemon's own checks, before anything is sent
     with c.client() as cl:
-        res = cl.add(content, metadata=metadata or None, created_at=created_at)
+        res = cl.add(item["content"], metadata=metadata or None, created_at=created_at)
     if res.get("added"):
         text = f"added {', '.join(res['ids'])} ({res['commit'][:10] if res.get('commit') else ''})"
     else:
         text = f"already stored: {', '.join(res.get('duplicate_ids', []))}"
     _emit(res, as_json, text)
+
+
+_HOW_TO_ADD = 'clagd add "TEXT", clagd add --file FILE, or clagd add - < FILE'
+
+
+def _memory_text(content: str | None, from_file: str | None) -> str:
+    """The text to store, from the argument, a file or stdin; a usage error (exit 2) when
+    there is none, rather than waiting silently on a terminal."""
+    if from_file is not None:
+        if content is not None:
+            raise click.UsageError("give the memory as CONTENT or as --file, not both")
+        try:
+            content = Path(from_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise click.BadParameter(
+                f"{from_file} is not UTF-8 text", param_hint="--file"
+            ) from None
+    elif content is None or content == "-":
+        if content is None and sys.stdin.isatty():
+            raise click.UsageError(f"no memory given: {_HOW_TO_ADD}")
+        content = sys.stdin.read()
+    if not content.strip():
+        raise click.UsageError(f"the memory is empty: give the text to store ({_HOW_TO_ADD})")
+    return content
+
+
+META_HINT = "'-m' / '--meta'"  # as click names an option in its errors
+
+
+def _metadata(meta: tuple[str, ...]) -> dict[str, Any]:
+    """-m KEY=VALUE pairs (a VALUE that is JSON is taken as such: numbers, true, ...)."""
+    from clagd.errors import InboxRejected
+    from clagd.ingest.inbox import check_importance
+
+    metadata: dict[str, Any] = {}
+    for kv in meta:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{kv!r} is not KEY=VALUE", param_hint=META_HINT)
+        try:
+            metadata[k] = json.loads(v)
+        except ValueError:
+            metadata[k] = v
+    try:
+        if "importance" in metadata:
+            check_importance(metadata["importance"], "-m")
+    except InboxRejected as exc:
+        raise click.BadParameter(str(exc).removeprefix("-m: "), param_hint=META_HINT) from None
+    return metadata
 
 
 class Progress:
@@ -255,6 +363,11 @@ def _import_files(paths: tuple[str, ...]) -> tuple[list[Path], dict[str, str]]:
     return files, skipped
 
 
+IMPORT_MAX_FILE_BYTES = 64 * 1024 * 1024  # a file clagd import reads (the inbox's is a setting)
+# bytes of memories per `add` request: under the daemon's default server.max_request_bytes
+IMPORT_REQUEST_BYTES = 900_000
+
+
 def _read_items(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     from clagd.errors import InboxRejected
     from clagd.ingest.inbox import read_file
@@ -263,7 +376,7 @@ def _read_items(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, str]
     rejected: dict[str, str] = {}
     for f in files:
         try:
-            for it in read_file(f, 64 * 1024 * 1024, 1_000_000):
+            for it in read_file(f, IMPORT_MAX_FILE_BYTES, 1_000_000, setting=None):
                 d: dict[str, Any] = {"content": it.content, "metadata": it.metadata}
                 if it.created_at:
                     d["created_at"] = it.created_at
@@ -275,10 +388,32 @@ def _read_items(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, str]
     return items, rejected
 
 
+def _chunks(items: list[dict[str, Any]], batch: int) -> Iterator[list[dict[str, Any]]]:
+    """`batch` items at a time, fewer when they would make a request over
+    IMPORT_REQUEST_BYTES (the daemon refuses a request over server.max_request_bytes)."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for it in items:
+        n = len(json.dumps(it, ensure_ascii=False).encode("utf-8"))
+        if chunk and (len(chunk) >= batch or size + n > IMPORT_REQUEST_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(it)
+        size += n
+    if chunk:
+        yield chunk
+
+
 @main.command(name="import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--batch", default=500, show_default=True, help="memories per commit")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=500,
+    show_default=True,
+    help="memories per request and commit (fewer: smaller requests)",
+)
+@json_option
 @pass_ctx
 def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> None:
     """Bulk import memory files (the inbox formats; folders are walked) with progress.
@@ -291,9 +426,8 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
     added = dupes = 0
     prog = Progress("importing", len(items))
     with c.client(timeout=None) as cl:
-        for i in range(0, len(items), max(1, batch)):
-            chunk = items[i : i + batch]
-            res = cl.add_many(chunk)
+        for chunk in _chunks(items, batch):
+            res = cl.add_many(chunk, source="import")
             added += res["added"]
             dupes += res["duplicates"]
             prog.update(len(chunk))
@@ -316,10 +450,20 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
 
 @main.command()
 @click.argument("text")
-@click.option("-k", "--max-memories", type=int, help="memories to return (default from config)")
-@click.option("--budget", "token_budget", type=int, help="token budget of the context")
+@click.option(
+    "-k",
+    "--max-memories",
+    type=click.IntRange(1, MAX_MEMORIES_LIMIT),
+    help=f"memories to return, 1-{MAX_MEMORIES_LIMIT} (default: retrieval.max_memories)",
+)
+@click.option(
+    "--budget",
+    "token_budget",
+    type=click.IntRange(min=0),
+    help="token budget of the context (0: none; default: the configured one)",
+)
 @click.option("--archive", "include_archive", is_flag=True, help="also search archived clusters")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def query(
     c: Ctx,
@@ -336,7 +480,7 @@ def query(
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def status(c: Ctx, as_json: bool) -> None:
     """What the daemon holds and does."""
@@ -422,7 +566,7 @@ def _attention(s: dict[str, Any]) -> list[str]:
 
 @main.command()
 @click.option("--archive", "include_archive", is_flag=True, help="include archived clusters")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def clusters(c: Ctx, include_archive: bool, as_json: bool) -> None:
     """The clusters, largest first."""
@@ -437,13 +581,24 @@ def clusters(c: Ctx, include_archive: bool, as_json: bool) -> None:
 
 
 @main.command(name="log")
-@click.option("-n", default=20, show_default=True, help="entries")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "-n", type=click.IntRange(1, 10_000), default=20, show_default=True, help="entries, 1-10000"
+)
+@json_option
 @pass_ctx
 def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
-    """The store's history: ingests, sessions, archives, reverts, edits."""
-    with c.client() as cl:
-        res = cl.call("log", n=n)
+    """The store's history: ingests, sessions, archives, reverts, edits.
+
+    Asks the daemon; when none runs, reads the store's git directly (as `export` does)."""
+    try:
+        with c.client() as cl:
+            res = cl.call("log", n=n)
+    except DaemonNotRunning:
+        from clagd.serve.daemon import lock_holder
+
+        if c.socket or lock_holder(c.store) is not None:
+            raise  # a daemon was named, or one runs: say what is wrong with it
+        res = _log_from_git(c.store, n)
     rows = []
     for e in res["entries"]:
         extra = " ".join(
@@ -460,9 +615,23 @@ def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
     _emit(res, as_json, "\n".join(rows) or "(no history)")
 
 
+def _log_from_git(store: Path, n: int) -> dict[str, Any]:
+    """`log`'s answer read from the store itself: the daemon's `log` op, without a daemon."""
+    from clagd.engine.results import Log, LogEntry
+    from clagd.protocol import to_wire
+    from clagd.store.gitrepo import GitStore
+    from clagd.store.history import HistoryLog
+
+    git = GitStore(store)
+    entries = tuple(LogEntry.of(c) for c in git.log(n))
+    wire = to_wire(Log(entries, tuple(HistoryLog(git.gitdir).recent(n))))
+    assert isinstance(wire, dict)  # a dataclass is an object on the wire
+    return wire
+
+
 @main.command()
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def revert(c: Ctx, ref: str, as_json: bool) -> None:
     """Undo a commit or a whole clustering session (git revert)."""
@@ -477,7 +646,7 @@ def revert(c: Ctx, ref: str, as_json: bool) -> None:
 
 @main.command()
 @click.option("--no-wait", is_flag=True, help="schedule it and return")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
     """Run a clustering session now and report its outcome."""
@@ -505,7 +674,7 @@ def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="only list the clusters that would move")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def archive(c: Ctx, dry_run: bool, as_json: bool) -> None:
     """Move cold clusters to archive/ now."""
@@ -554,7 +723,7 @@ def _gate_text(res: Any, why: str) -> str:
 )
 @click.option("--cached", is_flag=True, help="reuse a cached verdict for this model")
 @click.option("--scenes", type=int, default=None, help="measure on the first N scenes only")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def backend_test(c: Ctx, kind: str | None, cached: bool, scenes: int | None, as_json: bool) -> None:
     """Measure the model on the competence gate's labelled set and say what it may do."""
@@ -567,7 +736,7 @@ def backend_test(c: Ctx, kind: str | None, cached: bool, scenes: int | None, as_
 
 @main.command()
 @click.option("--kind", default=None, help="the backend to measure")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @click.pass_context
 def doctor(ctx: click.Context, kind: str | None, as_json: bool) -> None:
     """Check the model: the same as `clagd backend test`."""
@@ -632,7 +801,7 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
     default=None,
     help="stream N turns per inbox file (default: one LoCoMo session per file)",
 )
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def locomo(
     file: str,
     ks: tuple[int, ...],
@@ -668,7 +837,7 @@ def locomo(
 @click.option(
     "--format", "fmt", type=click.Choice(["markdown"]), default="markdown", show_default=True
 )
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @pass_ctx
 def export(c: Ctx, dest: str, fmt: str, as_json: bool) -> None:
     """Write the clusters as readable Markdown into DEST, one file per cluster."""
@@ -704,13 +873,11 @@ def install_service(
 @main.command()
 @pass_ctx
 def mcp(c: Ctx) -> None:
-    """Serve the store's memory as MCP tools over stdio (needs clagd[mcp])."""
+    """Serve the store's memory as MCP tools over stdio (needs the mcp extra)."""
     try:
         from clagd.mcp_server import run_mcp
     except ImportError:
-        raise click.ClickException(
-            "the MCP server needs the official SDK: pip install 'clagd[mcp]'"
-        ) from None
+        raise click.ClickException(f"the MCP server needs the official SDK: {MCP_HINT}") from None
     run_mcp(c.socket_path(), store=c.store)
 
 

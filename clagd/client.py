@@ -280,7 +280,14 @@ class Client:
             except _ClosedMidRequest:
                 self.close()
                 raise self._closed(op) from None
-            return self._result(reply, rid)
+            try:
+                return self._result(reply, rid)
+            except ClientError as exc:
+                if exc.code != "too_large":
+                    raise
+                raise ClientError(
+                    f"{exc.message} (this one: {len(data)} bytes)", exc.code
+                ) from None
 
     def _closed(self, op: str) -> ClientError:
         return ClientError(
@@ -379,9 +386,16 @@ class Client:
             item["created_at"] = created_at
         return self.add_many([item])
 
-    def add_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        """Store several memories in one commit; each item is `{content, metadata?, created_at?}`."""
-        return self.request("add", {"items": [dict(i) for i in items]})
+    def add_many(
+        self, items: Iterable[Mapping[str, Any]], source: str | None = None
+    ) -> dict[str, Any]:
+        """Store several memories in one commit; each item is `{content, metadata?, created_at?}`.
+        `source` names where they came from in the commit subject: "socket" (the default) or
+        "import" (`clagd import`)."""
+        params: dict[str, Any] = {"items": [dict(i) for i in items]}
+        if source is not None:
+            params["source"] = source
+        return self.request("add", params)
 
     def query(
         self,

@@ -220,7 +220,7 @@ def test_request_shapes_of_every_op(daemon: FakeDaemon) -> None:
     for op in ("add", "clusters", "log", "revert", "recluster", "archive", "round", "custom"):
         daemon.handlers[op] = lambda req: {"echo": req}
     with Client(daemon.path) as c:
-        c.add("one", metadata={"importance": 3}, created_at="2026-01-01T00:00:00Z")
+        c.add("one", metadata={"importance": 0.3}, created_at="2026-01-01T00:00:00Z")
         c.add("two")
         c.add_many([{"content": "three"}, {"content": "four", "metadata": {"a": 1}}])
         c.query("q", token_budget=50, include_archive=True)
@@ -240,7 +240,7 @@ def test_request_shapes_of_every_op(daemon: FakeDaemon) -> None:
             "items": [
                 {
                     "content": "one",
-                    "metadata": {"importance": 3},
+                    "metadata": {"importance": 0.3},
                     "created_at": "2026-01-01T00:00:00Z",
                 }
             ],

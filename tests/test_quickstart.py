@@ -104,7 +104,7 @@ class Shell:
 
 @pytest.fixture
 def shell(tmp_path: Path) -> Iterator[Shell]:
-    pytest.importorskip("mcp", reason="the quickstart's MCP block needs pip install 'clagd[mcp]'")
+    pytest.importorskip("mcp", reason="the quickstart's MCP block needs pip install '.[mcp]'")
     work = tmp_path / "agent"
     work.mkdir()
     sh = Shell(work)

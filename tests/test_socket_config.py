@@ -92,7 +92,7 @@ def test_client_for_store_finds_the_configured_socket(served: Path) -> None:
 
 
 def _mcp_recall(args: list[str], cwd: Path, text: str) -> Any:
-    pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'clagd[mcp]')")
+    pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install '.[mcp]')")
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 

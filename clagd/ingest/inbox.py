@@ -45,6 +45,17 @@ class Item:
 
 
 MAX_INT = 2**63  # a metadata integer must fit a JSON number every reader can take
+# metadata.importance: one scale everywhere, the one retrieval reads (retrieval/index.py:
+# confidence, 0.5 when absent); checked on every path a memory arrives by
+IMPORTANCE_MIN, IMPORTANCE_MAX, IMPORTANCE_DEFAULT = 0.0, 1.0, 0.5
+IMPORTANCE_SCALE = "a number from 0 (unimportant) to 1 (vital); 0.5 when left out"
+
+
+def check_importance(value: Any, where: str = "metadata") -> None:
+    """Raise InboxRejected unless `value` is on the importance scale."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not IMPORTANCE_MIN <= value <= IMPORTANCE_MAX:
+        raise InboxRejected(f"{where}: 'importance' must be {IMPORTANCE_SCALE}, got {value!r}")
 
 
 def check_text(text: str, what: str) -> str:
@@ -124,7 +135,11 @@ def validate_item(raw: Any, where: str = "item") -> Item:
     if not content:
         raise InboxRejected(f"{where}: 'content' is empty")
     if len(content) > MAX_CONTENT_CHARS:
-        raise InboxRejected(f"{where}: 'content' is longer than {MAX_CONTENT_CHARS} characters")
+        raise InboxRejected(
+            f"{where}: 'content' is {len(content)} characters, over the limit of "
+            f"{MAX_CONTENT_CHARS} per memory (fixed, no setting raises it): split it into "
+            "several memories"
+        )
     meta = raw.get("metadata") or {}
     if not isinstance(meta, dict):
         raise InboxRejected(f"{where}: 'metadata' must be a mapping")
@@ -132,6 +147,8 @@ def validate_item(raw: Any, where: str = "item") -> Item:
     for k, v in raw.items():  # other keys an agent wrote are kept as metadata
         if k not in KNOWN_KEYS:
             meta.setdefault(str(k), _jsonable(v))
+    if "importance" in meta:
+        check_importance(meta["importance"], f"{where}: metadata")
     return Item(content, _created_at(raw.get("created_at")), meta, normalized=True)
 
 
@@ -200,10 +217,19 @@ def _parse_text(name: str, text: str, max_items: int) -> list[Item]:
     )
 
 
-def read_file(path: Path, max_bytes: int, max_items: int) -> list[Item]:
+def read_file(
+    path: Path, max_bytes: int, max_items: int, setting: str | None = "inbox.max_file_bytes"
+) -> list[Item]:
+    """The items of one file. `setting`: the clagd.yaml key that sets `max_bytes`, named
+    when a file is over it (None: a fixed limit, `clagd import`'s)."""
     size = path.stat().st_size
     if size > max_bytes:
-        raise InboxRejected(f"file is {size} bytes, over the limit of {max_bytes}")
+        where = f"{setting} in clagd.yaml" if setting else "a fixed limit"
+        more = f", or raise {setting}" if setting else ""
+        raise InboxRejected(
+            f"file is {size} bytes, over the limit of {max_bytes} ({where}): split it into "
+            f"smaller files{more}"
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")

@@ -120,6 +120,8 @@ def _chain_key(m: Memory, t: float) -> tuple[float, str]:
 
 
 def _importance(m: Memory) -> float:
+    """metadata.importance on its 0-1 scale (checked when a memory arrives; a hand-edited
+    value outside it is clamped), 0.5 when absent."""
     try:
         v = float(m.metadata.get("importance", 0.5))
     except (TypeError, ValueError):

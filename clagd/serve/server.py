@@ -226,7 +226,7 @@ class _ConnHandler(socketserver.StreamRequestHandler):
             if not line:
                 return
             if len(line) > limit and not line.endswith(b"\n"):
-                self._send(error_reply(None, "too_large", f"request over {limit} bytes"))
+                self._send(error_reply(None, "too_large", too_large_message(limit)))
                 self._linger()
                 return  # the rest of the line cannot be resynchronised
             if not line.strip():
@@ -334,6 +334,14 @@ def internal_server(
     )
 
 
+def too_large_message(limit: int) -> str:
+    return (
+        f"request over {limit} bytes, the limit (server.max_request_bytes in clagd.yaml): "
+        "send fewer or smaller memories per request (clagd import --batch N), or raise "
+        "server.max_request_bytes"
+    )
+
+
 def _remove_stale(path: Path) -> None:
     """A socket file left by a killed daemon is removed; a live one is an error."""
     if not os.path.lexists(path):
@@ -357,7 +365,7 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     d = Dispatcher()
     d.op("ping", lambda p: {"pong": True, "pid": os.getpid(), "store": str(engine.root)})
     d.op("status", lambda p: engine.status())
-    d.op("add", lambda p: engine.add(_items(p)))
+    d.op("add", lambda p: engine.add(_items(p), source=_source(p)))
     d.op("query", lambda p: engine.run_query(QueryParams.from_request(p)))
     d.op(
         "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
@@ -376,6 +384,16 @@ def _str(p: dict[str, Any], key: str) -> str:
     if not isinstance(v, str):
         raise BadRequest(f"'{key}' must be a string")
     return v
+
+
+ADD_SOURCES = ("socket", "import")  # what a client may name as where its memories came from
+
+
+def _source(p: dict[str, Any]) -> str:
+    source = p.get("source", "socket")
+    if source not in ADD_SOURCES:
+        raise BadRequest(f"'source' must be one of {', '.join(ADD_SOURCES)}")
+    return str(source)
 
 
 def _items(p: dict[str, Any]) -> list[Any]:

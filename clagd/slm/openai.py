@@ -81,7 +81,10 @@ class OpenAIBackend:
 
     def available(self) -> tuple[bool, str]:
         if not openai_installed():
-            return False, "the openai package is not installed (pip install 'clagd[openai]')"
+            return (
+                False,
+                "the openai package is not installed (pip install '.[openai]' in a checkout of clagd)",
+            )
         import openai
 
         try:

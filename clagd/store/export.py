@@ -31,7 +31,7 @@ def cluster_markdown(c: Cluster, archived: bool = False) -> str:
     head = [f"# {c.name}", ""]
     if c.description:
         head += [c.description, ""]
-    facts = [f"id `{c.id}`", f"{len(c.memories)} memories"]
+    facts = [f"id `{c.id}`", f"{len(c.memories)} memor{'y' if len(c.memories) == 1 else 'ies'}"]
     if c.tags:
         facts.append("tags: " + ", ".join(c.tags))
     if archived:

@@ -105,6 +105,14 @@ def is_store(path: Path) -> bool:
     return (Path(path) / "clagd.yaml").is_file() and (Path(path) / ".git").exists()
 
 
+def enclosing_store(path: Path) -> Path | None:
+    """The store `path` lies inside (one of its folders, not the store itself), or None."""
+    for parent in Path(path).expanduser().resolve().parents:
+        if is_store(parent):
+            return parent
+    return None
+
+
 def copy_template(dest: Path) -> list[Path]:
     """Copy store_template/ into dest without overwriting anything already there; return the
     files it created."""
@@ -558,11 +566,18 @@ def init_store(root: Path, force: bool = False) -> tuple[Path, bool]:
     if is_store(root):
         Paths(root).ensure_dirs()
         return root, False
+    outer = enclosing_store(root)
+    if outer is not None:  # a store in clusters/ would be files of the outer store
+        raise StoreError(
+            f"{root} is inside the clagd store {outer}: use that store (--store {outer}), "
+            "or choose a folder outside it",
+            "inside_store",
+        )
     if root.is_dir() and any(root.iterdir()) and not force:
         raise StoreError(
             f"{root} is not empty and not a clagd store (no clagd.yaml and .git): choose an "
-            "empty or new folder, or use --force to make a store here (files already there "
-            "are kept and not committed)",
+            f"empty or new folder, or make a store here with `clagd init --force {root}` "
+            "(files already there are kept and not committed)",
             "not_empty",
         )
     old_umask = os.umask(PRIVATE_UMASK)  # memories are private: nothing readable by others

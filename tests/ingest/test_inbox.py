@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
+from clagd.client import ClientError
 from clagd.errors import InboxRejected
 from clagd.ingest.inbox import ignored_name, parse_text, read_file
 
@@ -387,3 +388,34 @@ def test_an_items_id_is_its_normalized_contents_whichever_way_it_came(store: Pat
         assert first.added == [memory_id("café au lait")] and again.duplicates == first.added
     finally:
         eng.close()
+
+
+def test_a_file_over_the_size_limit_names_the_setting_and_what_to_do(tmp_path: Path) -> None:
+    big = tmp_path / "big.txt"
+    big.write_text("x" * 2000)
+    with pytest.raises(InboxRejected) as err:
+        read_file(big, 1000, 10)
+    assert str(err.value) == (
+        "file is 2000 bytes, over the limit of 1000 (inbox.max_file_bytes in clagd.yaml): "
+        "split it into smaller files, or raise inbox.max_file_bytes"
+    )
+
+
+@pytest.mark.parametrize("value", [0, 0.5, 1, 1.0])
+def test_importance_on_its_scale_is_kept(value: float) -> None:
+    [item] = parse_text("a.json", json.dumps({"content": "x", "metadata": {"importance": value}}))
+    assert item.metadata == {"importance": value}
+
+
+@pytest.mark.parametrize("value", [4, 5, -0.1, 1.01, "high", True, None, [1]])
+def test_importance_off_its_scale_is_refused_on_every_path(
+    value: object, daemon: InProcessDaemon
+) -> None:
+    raw = {"content": "The user likes tea", "metadata": {"importance": value}}
+    want = f"'importance' must be a number from 0 (unimportant) to 1 (vital); 0.5 when left out, got {value!r}"
+    with pytest.raises(InboxRejected) as err:  # an inbox file, and what import reads
+        parse_text("a.json", json.dumps(raw))
+    assert str(err.value) == f"file: metadata: {want}"
+    with daemon.client() as c, pytest.raises(ClientError) as cerr:  # add over the socket
+        c.add_many([raw])
+    assert str(cerr.value) == f"item 1: metadata: {want}"

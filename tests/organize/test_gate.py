@@ -233,7 +233,7 @@ def test_backend_test_command(store: Path, fake: FakeOllama) -> None:
 
 @pytest.mark.skipif(
     not llama_cpp_installed(),
-    reason="llama-cpp-python is not installed (pip install 'clagd[embedded]')",
+    reason="llama-cpp-python is not installed (pip install '.[embedded]')",
 )
 def test_backend_test_names_a_missing_gguf(store: Path, fake: FakeOllama) -> None:
     make_store(

