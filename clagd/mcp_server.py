@@ -5,7 +5,7 @@ forwarded to the running daemon through `clagd.client`, so the MCP process holds
 can be restarted freely. When the daemon is down, tools answer with an error that says how to
 start it instead of failing the whole session.
 
-Needs the official SDK: `pip install 'clagd[mcp]'`.
+Needs the official SDK: `pip install '.[mcp]'` in a checkout of clagd (the `mcp` extra).
 """
 
 from __future__ import annotations
@@ -20,19 +20,24 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 
 from clagd import __version__
 from clagd.client import Client, ClientError, DaemonNotRunning, QueryResult
-from clagd.protocol import resolve_socket, store_path
+from clagd.ingest.inbox import IMPORTANCE_SCALE, MAX_CONTENT_CHARS
+from clagd.protocol import MAX_MEMORIES_LIMIT, resolve_socket, store_path
 from clagd.serve.units import SYSTEM_SOCKET_DIR, UNIT_PREFIX, service_unit
 
 try:  # mcp >= 2
     from mcp.server.mcpserver import MCPServer as _MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 except ImportError:  # mcp 1.x
     from mcp.server.fastmcp import FastMCP as _MCPServer  # type: ignore[no-redef,attr-defined,unused-ignore]
-    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef,import-not-found,unused-ignore]
+    from mcp.server.fastmcp.exceptions import (  # type: ignore[no-redef,import-not-found,unused-ignore]
+        ResourceError,
+        ToolError,
+    )
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 __all__ = ["build_server", "main", "run_mcp"]
@@ -45,6 +50,58 @@ topic at hand before answering anything that may depend on earlier conversations
 short context block of the most relevant memories, grouped by topic. Call `remember` to store
 a fact, preference or outcome worth keeping (one self-contained statement per call). Every
 change is a git commit: `memory_history` lists them and `revert` undoes one."""
+
+
+MAX_LOG_ENTRIES = 10_000  # the daemon's bound on `log`'s n
+
+# The tools' arguments: each with a description and its bounds, in the input schema a
+# model reads, so a value out of range is refused (naming the argument) before the daemon.
+Content = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_CONTENT_CHARS,
+        description="the memory: one self-contained statement (a fact, a preference, an outcome)",
+    ),
+]
+Importance = Annotated[
+    float | None,
+    Field(ge=0, le=1, description=f"how much the memory matters: {IMPORTANCE_SCALE}"),
+]
+Metadata = Annotated[
+    dict[str, Any] | None,
+    Field(description="free mapping kept with the memory, e.g. {source: chat, task_type: travel}"),
+]
+CreatedAt = Annotated[
+    str | None,
+    Field(description="ISO 8601 time the memory is from, when older than now"),
+]
+QueryText = Annotated[
+    str,
+    Field(min_length=1, description="the question or topic at hand, in plain words"),
+]
+MaxMemories = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        le=MAX_MEMORIES_LIMIT,
+        description="how many memories at most (default: the store's retrieval.max_memories)",
+    ),
+]
+TokenBudget = Annotated[
+    int | None,
+    Field(ge=0, description="size limit of the context in tokens (0: none; default: the store's)"),
+]
+IncludeArchive = Annotated[
+    bool, Field(description="also search clusters moved to the archive for being unused")
+]
+LogEntries = Annotated[
+    int, Field(ge=1, le=MAX_LOG_ENTRIES, description="how many changes, newest first")
+]
+Ref = Annotated[
+    str,
+    Field(min_length=1, description="a commit id from memory_history (or a session id)"),
+]
 
 
 def _annotations(title: str, **hints: bool) -> ToolAnnotations:
@@ -148,24 +205,30 @@ class _Tools:
 
     def remember_tool(self) -> Callable[..., Any]:
         async def remember(
-            content: str, metadata: dict[str, Any] | None = None, created_at: str | None = None
+            content: Content,
+            importance: Importance = None,
+            metadata: Metadata = None,
+            created_at: CreatedAt = None,
         ) -> dict[str, Any]:
             """Store one memory: a self-contained statement (a fact, a preference, an outcome).
 
-            `metadata` is a free mapping (for example task_type, importance 1-5, source);
-            `created_at` an ISO 8601 time when the memory is older than now. Storing the same
-            content twice keeps one copy.
+            `importance` is a number from 0 to 1 (0.5 when left out); `metadata` a free
+            mapping (for example task_type, source); `created_at` an ISO 8601 time when the
+            memory is older than now. Storing the same content twice keeps one copy.
             """
-            return await self.forward(lambda: self.client.add(content, metadata, created_at))
+            meta = dict(metadata or {})
+            if importance is not None:
+                meta["importance"] = importance
+            return await self.forward(lambda: self.client.add(content, meta or None, created_at))
 
         return remember
 
     def recall_tool(self) -> Callable[..., Any]:
         async def recall(
-            query: str,
-            max_memories: int | None = None,
-            token_budget: int | None = None,
-            include_archive: bool = False,
+            query: QueryText,
+            max_memories: MaxMemories = None,
+            token_budget: TokenBudget = None,
+            include_archive: IncludeArchive = False,
         ) -> Annotated[CallToolResult, RecallOutput]:
             """Find the memories relevant to `query`, grouped by topic cluster.
 
@@ -173,6 +236,8 @@ class _Tools:
             ids, clusters and scores (second item, JSON; also the structured content).
             `include_archive` also searches clusters moved to the archive for being unused.
             """
+            if not query.strip():
+                raise ToolError("recall: argument 'query' must be a question or topic, not blank")
             res = await self.forward(
                 lambda: self.client.query(query, max_memories, token_budget, include_archive)
             )
@@ -181,7 +246,7 @@ class _Tools:
         return recall
 
     def clusters_tool(self) -> Callable[..., Any]:
-        async def list_clusters(include_archive: bool = False) -> dict[str, Any]:
+        async def list_clusters(include_archive: IncludeArchive = False) -> dict[str, Any]:
             """The topic clusters memory is organized in: id, name, description, size."""
             result = await self.forward(lambda: self.client.clusters(include_archive))
             return result if isinstance(result, dict) else {"clusters": result}
@@ -189,7 +254,7 @@ class _Tools:
         return list_clusters
 
     def history_tool(self) -> Callable[..., Any]:
-        async def memory_history(n: int = 20) -> dict[str, Any]:
+        async def memory_history(n: LogEntries = 20) -> dict[str, Any]:
             """The last `n` changes to memory (git commits): what was added, reorganized,
             archived or reverted, with the commit id `revert` takes."""
             result = await self.forward(lambda: self.client.log(n))
@@ -198,12 +263,77 @@ class _Tools:
         return memory_history
 
     def revert_tool(self) -> Callable[..., Any]:
-        async def revert(ref: str) -> dict[str, Any]:
+        async def revert(ref: Ref) -> dict[str, Any]:
             """Undo one change to memory by its commit id (from `memory_history`). The undo is
             itself a new commit, so it can be reverted in turn."""
             return await self.forward(lambda: self.client.revert(ref))
 
         return revert
+
+    def register_context(self, server: Any) -> None:
+        """A resource (the clusters) and a prompt (a question with recall's context), so
+        the resource and prompt lists the server advertises are not empty."""
+
+        async def clusters_resource() -> str:
+            try:
+                data = await self.forward(lambda: self.client.clusters(True))
+            except ToolError as exc:
+                raise ResourceError(str(exc)) from None
+            return json.dumps(data, ensure_ascii=False, indent=1)
+
+        server.resource(
+            CLUSTERS_URI,
+            name="clusters",
+            description="the topic clusters memory is organized in (archived ones included)",
+            mime_type="application/json",
+        )(clusters_resource)
+
+        async def answer_with_memory(
+            question: Annotated[str, Field(min_length=1, description="the user's question")],
+        ) -> str:
+            res = await self.forward(lambda: self.client.query(question))
+            return memory_prompt(question, res.context)
+
+        server.prompt(
+            name="answer_with_memory",
+            description="the user's question with the memories `recall` finds for it, "
+            "placed before the question as a model should read them",
+        )(answer_with_memory)
+
+
+CLUSTERS_URI = "memory://clusters"
+
+
+def memory_prompt(question: str, context: str) -> str:
+    """How a model should be given `recall`'s context: before the question, marked as
+    memory, to be used only where it applies."""
+    context = context or "(no relevant memories)"
+    return (
+        "Memories from earlier conversations (from clagd; use them only where they apply):\n"
+        f"{context}\n\nQuestion: {question}"
+    )
+
+
+def argument_errors(tool: str, exc: ValidationError) -> str:
+    """A tool's bad arguments in one line, each named as the tool calls it, without the
+    library's links ("For further information visit https://errors.pydantic.dev/...")."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+        parts.append(f"argument '{loc}': {err.get('msg', 'invalid')}")
+    return f"{tool}: " + "; ".join(parts)
+
+
+class _Server(_MCPServer):  # type: ignore[misc,valid-type,unused-ignore]
+    """The SDK's server, with argument errors said plainly (`argument_errors`)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], *args: Any) -> Any:
+        try:
+            return await super().call_tool(name, arguments, *args)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise ToolError(argument_errors(name, exc.__cause__)) from None
+            raise
 
 
 def recall_result(res: QueryResult) -> CallToolResult:
@@ -235,10 +365,12 @@ def build_server(
     (`store`, when known, is named in the "not running" message)."""
     client = Client(socket_path, timeout=timeout)
     try:  # serverInfo.version: this package's version (mcp 1.x has no such argument)
-        server = _MCPServer("clagd", instructions=INSTRUCTIONS, version=__version__)
+        server = _Server("clagd", instructions=INSTRUCTIONS, version=__version__)
     except TypeError:  # pragma: no cover - mcp 1.x
-        server = _MCPServer("clagd", instructions=INSTRUCTIONS)
-    _Tools(client, Path(store) if store is not None else None).register(server)
+        server = _Server("clagd", instructions=INSTRUCTIONS)
+    tools = _Tools(client, Path(store) if store is not None else None)
+    tools.register(server)
+    tools.register_context(server)
     server.clagd_client = client  # type: ignore[attr-defined]
     return server
 

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'clagd[mcp]')")
+pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install '.[mcp]')")
 
 from helpers import REPO
 from mcp import ClientSession  # noqa: E402
@@ -293,3 +293,90 @@ def test_not_running_message_for_each_kind_of_socket(tmp_path: Path) -> None:
     stale = tmp_path / "stale.sock"
     stale.touch()
     assert "(connection refused)" in not_running_message(stale, None)
+
+
+def _bounds(prop: dict[str, Any]) -> dict[str, Any]:
+    """minimum/maximum/minLength/maxLength of a property, wherever pydantic put them (on
+    the property, or in the non-null branch of an `anyOf` for an optional one)."""
+    out = {k: v for k, v in prop.items() if k in ("minimum", "maximum", "minLength", "maxLength")}
+    for branch in prop.get("anyOf", []):
+        out.update(_bounds(branch))
+    return out
+
+
+def test_every_argument_has_a_description_and_its_bounds(tmp_path: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="clagd-m-") as short:
+
+        async def body(s: ClientSession) -> Any:
+            return (await s.list_tools()).tools
+
+        tools = {t.name: t for t in run_session(Path(short) / "x.sock", tmp_path / "e", body)}
+    for tool in tools.values():
+        for name, prop in tool.input_schema["properties"].items():
+            assert prop.get("description"), f"{tool.name}.{name} has no description"
+    props = {name: t.input_schema["properties"] for name, t in tools.items()}
+    assert _bounds(props["recall"]["max_memories"]) == {"minimum": 1, "maximum": 100}
+    assert _bounds(props["recall"]["token_budget"]) == {"minimum": 0}
+    assert _bounds(props["recall"]["query"]) == {"minLength": 1}
+    assert _bounds(props["memory_history"]["n"]) == {"minimum": 1, "maximum": 10000}
+    assert _bounds(props["remember"]["content"]) == {"minLength": 1, "maxLength": 65536}
+    assert _bounds(props["remember"]["importance"]) == {"minimum": 0, "maximum": 1}
+    assert "0 " in props["remember"]["importance"]["description"]  # the scale, in words
+    assert "importance 1-5" not in (tools["remember"].description or "")
+    assert _bounds(props["revert"]["ref"]) == {"minLength": 1}
+
+
+def test_argument_errors_name_the_argument_without_library_links(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    calls = {
+        "empty query": ("recall", {"query": ""}, "'query'"),
+        "blank query": ("recall", {"query": "   "}, "'query'"),
+        "k out of range": ("recall", {"query": "x", "max_memories": 0}, "'max_memories'"),
+        "negative budget": ("recall", {"query": "x", "token_budget": -5}, "'token_budget'"),
+        "n not a number": ("memory_history", {"n": "many"}, "'n'"),
+        "importance 5": ("remember", {"content": "x", "importance": 5}, "'importance'"),
+        "importance in metadata": (
+            "remember",
+            {"content": "x", "metadata": {"importance": "high"}},
+            "'importance'",
+        ),
+    }
+
+    async def body(s: ClientSession) -> dict[str, Any]:
+        return {what: await s.call_tool(tool, args) for what, (tool, args, _) in calls.items()}
+
+    results = run_session(daemon.socket_path, tmp_path / "mcp.err", body)
+    for what, (_tool, _, names) in calls.items():
+        res = results[what]
+        message = text_of(res)
+        assert res.is_error, what
+        assert names in message, (what, message)
+        assert "pydantic" not in message and "http" not in message, (what, message)
+        assert "'text'" not in message and "max_memories' must" not in message, (what, message)
+
+
+def test_a_clusters_resource_and_a_prompt_with_recalls_context(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    async def body(s: ClientSession) -> dict[str, Any]:
+        await s.call_tool("remember", {"content": "Ana is allergic to walnuts", "importance": 1})
+        return {
+            "resources": (await s.list_resources()).resources,
+            "read": await s.read_resource("memory://clusters"),
+            "prompts": (await s.list_prompts()).prompts,
+            "prompt": await s.get_prompt(
+                "answer_with_memory", {"question": "what is Ana allergic to?"}
+            ),
+        }
+
+    out = run_session(daemon.socket_path, tmp_path / "mcp.err", body)
+    assert [str(r.uri) for r in out["resources"]] == ["memory://clusters"]
+    listed = json.loads(out["read"].contents[0].text)
+    assert listed["unsorted"] == 1 and listed["clusters"] == []  # the memory is not filed yet
+    [prompt] = out["prompts"]
+    assert prompt.name == "answer_with_memory"
+    assert [a.name for a in prompt.arguments or []] == ["question"]
+    text = out["prompt"].messages[0].content.text
+    assert "Ana is allergic to walnuts" in text  # recall's context, placed before the question
+    assert text.index("walnuts") < text.index("Question: what is Ana allergic to?")
