@@ -18,9 +18,8 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, fields, is_dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -190,28 +189,56 @@ def ok_reply(rid: Any, result: object) -> dict[str, Any]:
 OMIT_NONE: Mapping[str, object] = {"wire": "omit_none"}
 
 
-@cache
-def _wire_fields(cls: type) -> tuple[tuple[str, bool], ...]:
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+# field annotations whose values go on the wire as they are
+_SCALAR_TYPES = frozenset(
+    {"str", "int", "float", "bool", "str | None", "int | None", "float | None", "bool | None"}
+)
+
+
+def _converter(cls: type) -> Callable[[object], dict[str, object]] | None:
+    """The function that makes dataclass `cls` a JSON object (None: `cls` is no dataclass),
+    compiled once per class as dataclasses compiles `__init__`: scalar fields are copied,
+    the others go through `to_wire`; an `OMIT_NONE` field is left out while None."""
+    if not is_dataclass(cls):
+        return None
     found: tuple[Field[object], ...] = fields(cls)
-    return tuple((f.name, f.metadata.get("wire") == "omit_none") for f in found)
+    lines = ["def convert(o):", "    out = {"]
+    later = []
+    for f in found:
+        value = f"o.{f.name}" if str(f.type) in _SCALAR_TYPES else f"to_wire(o.{f.name})"
+        if f.metadata.get("wire") == "omit_none":
+            later.append(f"    if o.{f.name} is not None: out[{f.name!r}] = {value}")
+        else:
+            lines.append(f"        {f.name!r}: {value},")
+    lines += ["    }", *later, "    return out"]
+    scope: dict[str, object] = {"to_wire": to_wire}
+    exec("\n".join(lines), scope)  # noqa: S102 - our own field names, as dataclasses does
+    convert: Callable[[object], dict[str, object]] = scope["convert"]  # type: ignore[assignment]
+    return convert
+
+
+# each class's converter (None: not a dataclass), made on first use
+_CONVERTERS: dict[type, Callable[[object], dict[str, object]] | None] = {}
 
 
 def to_wire(obj: object) -> object:
     """What a result is on the wire (the one place the engine's typed results become JSON
     values): a dataclass is an object of its fields in their order (one whose metadata is
     `OMIT_NONE` left out while None), a tuple or list an array, a mapping an object."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        out: dict[str, object] = {}
-        for name, omit_none in _wire_fields(type(obj)):
-            value = getattr(obj, name)
-            if value is None and omit_none:
-                continue
-            out[name] = to_wire(value)
-        return out
+    kind: type = type(obj)
+    if kind in _SCALARS:
+        return obj
     if isinstance(obj, (list, tuple)):
-        return [to_wire(v) for v in obj]
+        return [v if type(v) in _SCALARS else to_wire(v) for v in obj]
+    if kind in _CONVERTERS:
+        convert = _CONVERTERS[kind]
+    else:
+        convert = _CONVERTERS[kind] = _converter(kind)
+    if convert is not None:
+        return convert(obj)
     if isinstance(obj, Mapping):
-        return {k: to_wire(v) for k, v in obj.items()}
+        return {k: v if type(v) in _SCALARS else to_wire(v) for k, v in obj.items()}
     return obj
 
 

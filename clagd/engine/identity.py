@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from clagd.model import memory_id, normalize_content
 from clagd.store.durable import atomic_write_text
@@ -37,7 +36,7 @@ def fix_identities(root: Path, rel_paths: list[str], known: dict[str, str]) -> l
     return fixed
 
 
-def _fix(m: dict[str, Any], known: dict[str, str], taken: set[str]) -> bool:
+def _fix(m: dict[str, object], known: dict[str, str], taken: set[str]) -> bool:
     content = m.get("content")
     if not isinstance(content, str) or not normalize_content(content):
         return False

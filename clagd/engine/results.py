@@ -13,7 +13,7 @@ from clagd.model import Cluster
 from clagd.protocol import OMIT_NONE
 from clagd.retrieval.index import Hit
 from clagd.store.gitrepo import CommitInfo
-from clagd.store.history import HistoryStatus
+from clagd.store.history import HistoryEvent, HistoryStatus
 from clagd.store.packing import GcStatus
 from clagd.store.writer import WriterStatus
 
@@ -189,7 +189,7 @@ class Log:
     memories out of HEAD (`.git/clagd-history.jsonl`)."""
 
     entries: tuple[LogEntry, ...]
-    history: tuple[Mapping[str, object], ...]
+    history: tuple[HistoryEvent, ...]
 
 
 @dataclass(frozen=True)

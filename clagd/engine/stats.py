@@ -8,7 +8,6 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from clagd.store.durable import atomic_write_text
 
@@ -76,7 +75,7 @@ class AccessStats:
         with self._lock:
             if not self._dirty:
                 return False
-            data: dict[str, Any] = {"memories": self.memories, "clusters": self.clusters}
+            data = {"memories": self.memories, "clusters": self.clusters}
             text = json.dumps(data, separators=(",", ":"))
             self._dirty = False
         self.path.parent.mkdir(parents=True, exist_ok=True)

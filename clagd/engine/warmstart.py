@@ -75,7 +75,7 @@ class WarmStart:
         self.saved_head: str | None = None  # the commit the file on disk describes
         self.saved_at = time.monotonic()
 
-    def key(self) -> dict[str, Any]:
+    def key(self) -> dict[str, object]:
         """What the pickled index depends on besides the files: a change means a full load."""
         return {
             "format": WARMSTART_FORMAT,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from clagd.config import Config, load_config
 from clagd.errors import ConfigError
@@ -30,8 +29,9 @@ LIVE = {
 }
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _flat(d: dict[str, object], prefix: str = "") -> dict[str, object]:
+    """The config's values by dotted key (`inbox.settle_seconds`)."""
+    out: dict[str, object] = {}
     for k, v in d.items():
         key = f"{prefix}.{k}" if prefix else k
         if isinstance(v, dict):

@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 _INSTRUCT = re.compile(r"instruct|chat|(^|[-_ .])it($|[-_ .])", re.IGNORECASE)
@@ -39,7 +40,16 @@ def model_kind(metadata: dict[str, str], path: str) -> str:
     return "unknown"
 
 
-def _load(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+@dataclass
+class _State:
+    """The worker's model, once `load` made it, and the chat formatter of its GGUF's
+    template (None: llama-cpp-python's `chat_format`)."""
+
+    llm: Any = None
+    formatter: Any = None
+
+
+def _load(state: _State, req: dict[str, Any]) -> dict[str, Any]:
     from llama_cpp import Llama
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -71,11 +81,11 @@ def _load(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
             f"(GGUF general.finetune={meta.get('general.finetune', '')!r}, "
             f"general.name={meta.get('general.name', '')!r}); use an instruct GGUF",
         }
-    state["llm"] = llm
+    state.llm = llm
     if template:
         eos = llm._model.token_get_text(llm.token_eos()) if llm.token_eos() >= 0 else ""
         bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() >= 0 else ""
-        state["formatter"] = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+        state.formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
     return {
         "ok": True,
         "seconds": time.monotonic() - start,
@@ -85,10 +95,10 @@ def _load(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _count(state: dict[str, Any], messages: list[dict[str, str]]) -> int:
+def _count(state: _State, messages: list[dict[str, str]]) -> int:
     """The prompt in the model's own tokens: the chat template applied, then tokenized."""
-    llm = state["llm"]
-    formatter = state.get("formatter")
+    llm = state.llm
+    formatter = state.formatter
     if formatter is not None:
         try:
             prompt = formatter(messages=messages).prompt
@@ -102,8 +112,8 @@ def _count(state: dict[str, Any], messages: list[dict[str, str]]) -> int:
     )
 
 
-def _chat(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
-    llm = state["llm"]
+def _chat(state: _State, req: dict[str, Any]) -> dict[str, Any]:
+    llm = state.llm
     n_ctx = int(llm.n_ctx())
     prompt_tokens = _count(state, req["messages"])
     room = n_ctx - prompt_tokens
@@ -133,13 +143,13 @@ def _chat(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _handle(state: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+def _handle(state: _State, req: dict[str, Any]) -> dict[str, Any]:
     op = req.get("op")
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
     if op == "load":
         return _load(state, req)
-    if op in ("chat", "count") and state.get("llm") is None:
+    if op in ("chat", "count") and state.llm is None:
         return {"ok": False, "error": "no model loaded"}
     if op == "count":
         return {"ok": True, "tokens": _count(state, req["messages"])}
@@ -158,7 +168,7 @@ def main() -> None:
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    state: dict[str, Any] = {}
+    state = _State()
     for line in sys.stdin:
         if not line.strip():
             continue

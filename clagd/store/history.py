@@ -13,11 +13,10 @@ import json
 import logging
 import os
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from clagd.yamlio import YamlError, loads
 
@@ -100,6 +99,24 @@ def _ls(root: Path, commit: str) -> list[str]:
     return [p for p in out.split("\n") if p.endswith(".yaml")]
 
 
+# One recorded move of the branch (a line of .git/clagd-history.jsonl; `from` is a keyword,
+# hence the functional form). Every key may be missing from a line written by hand.
+HistoryEvent = TypedDict(
+    "HistoryEvent",
+    {
+        "at": str,  # when it was noticed, ISO 8601
+        "from": str,  # the commit before
+        "to": "str | None",  # the commit after
+        "kind": str,  # "rewrite" (history rewritten) or "commit"
+        "noticed": str,  # how ("while running", "at start-up", ...)
+        "removed": int,  # memories that left HEAD
+        "ids": "list[str]",  # up to MAX_IDS of them
+        "where": str,  # where they still are
+    },
+    total=False,
+)
+
+
 @dataclass(frozen=True)
 class HistoryStatus:
     """The `history` section of `status`: outside moves of the branch that took memories
@@ -109,7 +126,7 @@ class HistoryStatus:
     events: int
     memories_removed: int
     file: str
-    last: tuple[Mapping[str, object], ...]
+    last: tuple[HistoryEvent, ...]
     outside_moves: int
     retried_commits: int
 
@@ -119,7 +136,7 @@ class HistoryLog:
 
     def __init__(self, gitdir: Path) -> None:
         self.path = Path(gitdir) / HISTORY_FILE
-        self.events: list[dict[str, Any]] = []
+        self.events: list[HistoryEvent] = []
         try:
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
@@ -132,9 +149,9 @@ class HistoryLog:
 
     def record(
         self, old: str, new: str | None, removed: set[str], rewrite: bool, when: str
-    ) -> dict[str, Any]:
+    ) -> HistoryEvent:
         """Note that moving the branch from `old` to `new` took `removed` out of HEAD."""
-        event = {
+        event: HistoryEvent = {
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "from": old,
             "to": new,
@@ -165,10 +182,15 @@ class HistoryLog:
         )
         return event
 
-    def recent(self, n: int, ids: int = 20) -> list[dict[str, Any]]:
+    def recent(self, n: int, ids: int = 20) -> list[HistoryEvent]:
         """The last `n` events, each listing at most `ids` of its removed ids (the whole
         list is in .git/clagd-history.jsonl)."""
-        return [{**e, "ids": list(e.get("ids", []))[:ids]} for e in self.events[-n:]]
+        out = []
+        for e in self.events[-n:]:
+            short = e.copy()
+            short["ids"] = list(e.get("ids", []))[:ids]
+            out.append(short)
+        return out
 
     def status(self, outside_moves: int, retried_commits: int) -> HistoryStatus:
         return HistoryStatus(
