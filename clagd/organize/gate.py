@@ -44,7 +44,10 @@ from clagd.errors import BackendError, ClagdError
 from clagd.model import Cluster, Memory
 from clagd.organize.examples import copied, prompt_examples
 from clagd.organize.lexical import organize
-from clagd.organize.plan import Aliases, PlanError, build_schema, parse_plan, validate_plan
+from clagd.organize.plan import PlanError
+from clagd.organize.plan_checks import validate_plan
+from clagd.organize.plan_parse import parse_plan
+from clagd.organize.plan_schema import Aliases, build_schema
 from clagd.organize.prompts import load_prompt, organize_messages
 from clagd.slm.base import Backend
 from clagd.text import tokenize

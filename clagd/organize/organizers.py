@@ -24,7 +24,9 @@ from clagd.model import Memory
 from clagd.organize.chunks import Chunk, combine, make_chunks
 from clagd.organize.examples import prompt_examples
 from clagd.organize.lexical import organize
-from clagd.organize.plan import Aliases, Plan, PlanError, build_schema, parse_plan
+from clagd.organize.plan import Plan, PlanError
+from clagd.organize.plan_parse import parse_plan
+from clagd.organize.plan_schema import Aliases, build_schema
 from clagd.organize.prompts import (
     Messages,
     load_prompt,

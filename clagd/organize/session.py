@@ -49,16 +49,12 @@ from clagd.organize.organizers import (
     gate_note,
     organizer_for,
 )
-from clagd.organize.plan import (
-    NEW_PREFIX,
-    Plan,
-    PlanError,
-    apply_plan,
-    check_invariants,
-    size_policy,
-    validate_plan,
-)
+from clagd.organize.plan import NEW_PREFIX, Plan, PlanError
+from clagd.organize.plan_apply import apply_plan
+from clagd.organize.plan_checks import validate_plan
+from clagd.organize.plan_invariants import check_invariants
 from clagd.organize.sample import Check, Snapshot, lexical_ok, pick_checks, take_snapshot
+from clagd.organize.size_policy import size_policy
 from clagd.organize.validation import retrievability, retrievability_problem
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager

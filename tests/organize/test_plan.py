@@ -5,18 +5,13 @@ from __future__ import annotations
 import pytest
 
 from clagd.model import Cluster, Memory
-from clagd.organize.plan import (
-    Aliases,
-    Plan,
-    PlanCluster,
-    PlanError,
-    apply_plan,
-    build_schema,
-    check_invariants,
-    parse_plan,
-    size_policy,
-    validate_plan,
-)
+from clagd.organize.plan import Plan, PlanCluster, PlanError
+from clagd.organize.plan_apply import apply_plan
+from clagd.organize.plan_checks import validate_plan
+from clagd.organize.plan_invariants import check_invariants
+from clagd.organize.plan_parse import parse_plan
+from clagd.organize.plan_schema import Aliases, build_schema
+from clagd.organize.size_policy import size_policy
 from clagd.slm.base import schema_errors
 from clagd.store.files import StoreState
 

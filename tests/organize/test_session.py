@@ -25,7 +25,7 @@ from helpers import git, head_contents
 
 import clagd.organize.session as session_mod
 from clagd.engine.core import Engine
-from clagd.organize.plan import apply_plan
+from clagd.organize.plan_apply import apply_plan
 from clagd.organize.session import engine_session_runner, run_session
 from clagd.slm.manager import BackendManager
 from clagd.slm.ollama import OllamaBackend

@@ -11,7 +11,7 @@ import pytest
 from helpers import head_contents
 
 from clagd.engine.core import Engine
-from clagd.organize.plan import check_invariants
+from clagd.organize.plan_invariants import check_invariants
 from clagd.organize.session import run_session
 from clagd.slm.llamacpp import LlamaCppBackend, default_gguf, llama_cpp_installed
 from clagd.store.files import load_state
