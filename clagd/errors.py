@@ -26,6 +26,16 @@ class StoreError(ClagdError):
     code = "store"
 
 
+class GitFailed(StoreError):
+    """A git command in the store failed. The message is git's reason (its stderr's first
+    line, or its exit status), never its argv; `stderr` and `status` are git's own."""
+
+    def __init__(self, message: str, stderr: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.stderr = stderr
+        self.status = status
+
+
 class HeadMoved(ClagdError):
     """The daemon's branch moved (a reset, rebase, amend, a person's commit) between the
     daemon's last load and its commit: the commit was not made; reload and retry."""

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from git.exc import GitCommandError
 from watchdog.events import (
     FileClosedEvent,
     FileClosedNoWriteEvent,
@@ -515,4 +514,4 @@ def _environmental(exc: BaseException) -> bool:
     """A failure of the store or the system (retry later), not of a file's content."""
     if isinstance(exc, InboxRejected):
         return False
-    return isinstance(exc, (OSError, ClagdError, GitCommandError))
+    return isinstance(exc, (OSError, ClagdError))

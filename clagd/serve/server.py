@@ -20,10 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from git.exc import GitCommandError
-
 from clagd.engine.core import Engine
-from clagd.errors import BadRequest, ClagdError, StoreError
+from clagd.errors import BadRequest, ClagdError, GitFailed, StoreError
 from clagd.protocol import QueryParams, error_reply, fits_af_unix, ok_reply, prepare_socket_dir
 
 log = logging.getLogger("clagd.server")
@@ -59,14 +57,13 @@ class Dispatcher:
                 )
             params = {k: v for k, v in req.items() if k not in ("id", "op") and v is not None}
             return ok_reply(rid, fn(params))
+        except GitFailed as exc:  # the store's git failed: logged whole, answered in a line
+            log.error("op %r: %s\n%s", req.get("op"), exc, exc.stderr.strip())
+            return error_reply(rid, exc.code, str(exc))
         except ClagdError as exc:
             return error_reply(rid, exc.code, str(exc))
         except TypeError as exc:  # wrong parameter names or types
             return error_reply(rid, "bad_request", str(exc))
-        except GitCommandError as exc:  # the store's git failed: its reason, not its argv
-            log.error("op %r: git failed: %s", req.get("op"), exc)
-            why = _first_line(exc.stderr) or f"git exited with {exc.status}"
-            return error_reply(rid, "store", why)
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection thread
             log.exception("op %r failed", req.get("op"))
             return error_reply(rid, "internal", f"{type(exc).__name__}: {exc}")
@@ -79,16 +76,6 @@ def encode_reply(obj: dict[str, Any]) -> bytes:
     except ValueError:
         text = json.dumps(_strict(obj), ensure_ascii=False, default=str)
     return text.encode(errors="replace") + b"\n"
-
-
-def _first_line(text: object) -> str:
-    for line in str(text or "").splitlines():
-        line = line.strip().strip("'").strip()
-        if line.startswith("stderr:"):
-            line = line[len("stderr:") :].strip().strip("'").strip()
-        if line:
-            return line[:500]
-    return ""
 
 
 class _LineReader:

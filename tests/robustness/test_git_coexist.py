@@ -185,7 +185,7 @@ def test_a_commit_never_lands_on_a_head_it_has_not_loaded(
     eng = Engine(store)
     try:
         eng.ingest([Item("already there", None, {})], "test")
-        real = GitStore._tree_with
+        real = GitStore.build_tree
         raced: list[str] = []
 
         def person_commits_first(self: GitStore, parent: str | None, paths: list[str]) -> str:
@@ -196,7 +196,7 @@ def test_a_commit_never_lands_on_a_head_it_has_not_loaded(
                 raced.append(git(store, "rev-parse", "HEAD").strip())
             return real(self, parent, paths)
 
-        monkeypatch.setattr(GitStore, "_tree_with", person_commits_first)
+        monkeypatch.setattr(GitStore, "build_tree", person_commits_first)
         res = eng.ingest([Item("raced with a person", None, {})], "test")
         assert res.commit and raced
         assert git(store, "rev-parse", f"{res.commit}^").strip() == raced[0]

@@ -92,7 +92,7 @@ def test_a_person_sweeping_the_daemons_files_into_their_commit(
     memory is stored (in the person's commit) and the add is answered, not `internal`."""
     eng = Engine(store)
     try:
-        real = GitStore._tree_with
+        real = GitStore.build_tree
         swept: list[bool] = []
 
         def person_commits_everything(self: GitStore, parent: str | None, paths: list[str]) -> str:
@@ -101,7 +101,7 @@ def test_a_person_sweeping_the_daemons_files_into_their_commit(
                 swept.append(True)
             return real(self, parent, paths)
 
-        monkeypatch.setattr(GitStore, "_tree_with", person_commits_everything)
+        monkeypatch.setattr(GitStore, "build_tree", person_commits_everything)
         res = eng.ingest([Item("swept into the person's commit", None, {})], "test")
         assert swept and not res.added and len(res.duplicates) == 1
         assert head_contents(store) == ["swept into the person's commit"]

@@ -19,7 +19,7 @@ from helpers import REPO, InProcessDaemon, git, head_contents, make_store, wait_
 from clagd.engine.core import Engine
 from clagd.errors import Conflict
 from clagd.model import Cluster, memory_id
-from clagd.store import gitrepo as gitstore
+from clagd.store import gitstate
 from clagd.store.files import load_state
 
 ROOT = REPO
@@ -213,13 +213,13 @@ def test_objects_torn_by_a_power_loss_before_the_flush_are_dropped_at_start(stor
     obj = store / ".git" / "objects" / torn[:2] / torn[2:]
     obj.chmod(0o644)
     obj.write_bytes(b"")  # what a power loss leaves of an object never flushed
-    (store / ".git" / gitstore.UNSYNCED).write_text("")
+    (store / ".git" / gitstate.UNSYNCED).write_text("")
     eng = Engine(store)
     try:
         assert not obj.exists()
         git(store, "cat-file", "-e", good)  # a readable object stays
         assert any("unreadable loose object" in n for n in eng.notes)
-        assert not (store / ".git" / gitstore.UNSYNCED).exists()
+        assert not (store / ".git" / gitstate.UNSYNCED).exists()
         # the same content again is written afresh, not taken from the torn file
         shard.write_text(text)
         eng.git.commit([str(shard.relative_to(store))], "test: same content", flush=lambda: None)

@@ -1,0 +1,156 @@
+"""Commits built with plumbing, on top of the daemon's base and nothing else.
+
+`git add` stages exactly the daemon's paths; a scratch index (`.git/clagd-build-index`)
+holds the base commit's tree with those paths as the index has them (nothing else the
+person staged), `write-tree` and `commit-tree` make the commit, and `Refs.update_branch`
+moves the branch by compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from clagd.errors import HeadMoved, StoreError
+from clagd.store.gitcmd import Stdin
+from clagd.store.gitlog import format_message
+from clagd.store.gitrefs import Refs
+from clagd.store.gitstate import UNSYNCED, mark_unsynced
+
+# in .git/: the index a commit's tree is built in (the user's index is never committed whole)
+BUILD_INDEX = "clagd-build-index"
+ZERO = "0" * 40
+
+
+class Commits(Refs):
+    """Staging and committing the daemon's own paths (see the module's docstring)."""
+
+    def commit(
+        self,
+        paths: Iterable[str],
+        subject: str,
+        body: str = "",
+        trailers: dict[str, Any] | None = None,
+        allow_empty: bool = False,
+        flush: Callable[[], object] | None = None,
+        expected: dict[str, str | None] | None = None,
+    ) -> str | None:
+        """Stage exactly `paths` (added, changed or deleted) and commit only them, on top of
+        `base` (the commit the daemon's view was loaded from) and on the daemon's branch.
+
+        The commit is built with plumbing: its tree is `base`'s tree with these paths as the
+        index has them (nothing else the person staged), `commit-tree`, then `update-ref`
+        with `base` as the expected old value: an atomic compare-and-swap, so a commit of
+        ours never lands on a HEAD the daemon has not loaded (a reset, rebase, amend or a
+        person's commit in between raises HeadMoved, and the caller reloads and retries).
+
+        With `flush`, `git add` writes its objects without an fsync each (core.fsync=none)
+        and `flush()` is called after it, before the commit is made: it must make them
+        durable (the writer's one syncfs per commit), so that no commit refers to an object
+        that a power loss could take. The commit object, trees and ref keep git's own fsync.
+
+        `expected`: the blob each path must have in the commit (None: absent). When a git
+        command of the person's (stash, reset, checkout of a file) changed a file between
+        the daemon's write and this commit, HeadMoved: the change is written again.
+
+        Returns the new commit, or None when nothing changed."""
+        paths = sorted(set(paths))
+        self.check_not_paused()
+        if paths:
+            if flush is not None:
+                mark_unsynced(self.gitdir)
+            self._stage(paths, fsync=flush is None)
+        if flush is not None:
+            flush()
+            # syncfs (or sync) flushed every object written since the mark, a failed add's too
+            (self.gitdir / UNSYNCED).unlink(missing_ok=True)
+        parent = self.base
+        tree = self.build_tree(parent, paths)
+        if expected:
+            self._check_tree(tree, expected)
+        if not allow_empty and parent is not None and tree == self._tree_of(parent):
+            return None
+        return self.commit_tree(tree, parent, format_message(subject, body, trailers))
+
+    def _check_tree(self, tree: str, expected: dict[str, str | None]) -> None:
+        out = self.run("ls-tree", "-r", "-z", tree, "--", *sorted(expected))
+        found = {}
+        for entry in out.split("\0"):
+            meta, _, path = entry.partition("\t")
+            if path:
+                found[path] = meta.split()[2]
+        for path, blob in expected.items():
+            if found.get(path) != blob:
+                raise HeadMoved(
+                    f"{path} was changed by a git command of the person's while clagd "
+                    "committed it (stash, reset, checkout?)"
+                )
+
+    def _tree_of(self, commit: str) -> str:
+        return self.run("rev-parse", f"{commit}^{{tree}}").strip()
+
+    def build_tree(self, parent: str | None, paths: list[str]) -> str:
+        """`parent`'s tree with `paths` as the index holds them (absent there: removed)."""
+        build = self.gitdir / BUILD_INDEX
+        build.unlink(missing_ok=True)
+        env = {"GIT_INDEX_FILE": str(build)}
+        try:
+            if parent is not None:
+                self.run("read-tree", parent, env=env)
+            else:
+                self.run("read-tree", "--empty", env=env)
+            if paths:
+                staged = self.run("ls-files", "-s", "-z", "--", *paths)
+                entries = [e for e in staged.split("\0") if e]
+                present = {e.split("\t", 1)[1] for e in entries}
+                entries += [
+                    f"0 {ZERO}\t{p}"
+                    for p in paths
+                    if p not in present and not (self.root / p).is_dir()
+                ]
+                self.run(
+                    "update-index",
+                    "-z",
+                    "--index-info",
+                    env=env,
+                    istream=Stdin("\0".join(entries) + "\0"),
+                )
+            return self.run("write-tree", env=env).strip()
+        finally:
+            build.unlink(missing_ok=True)
+
+    def _stage(self, paths: list[str], fsync: bool) -> None:
+        """`git add -A` of exactly these paths (a deleted file is staged as deleted). A file
+        the daemon wrote that was never committed and is gone now (a person's `git clean`
+        removed it mid-write) fails the commit with a clear StoreError: committing without
+        it would acknowledge memories that are nowhere."""
+        there = [p for p in paths if os.path.lexists(self.root / p)]
+        gone = [p for p in paths if p not in set(there)]
+        if gone:
+            tracked = set(self.run("ls-files", "-z", "--", *gone).split("\0"))
+            lost = [p for p in gone if p not in tracked]
+            if lost:
+                # tracked in the commit the view is on: a git command of the person's took
+                # it out of the index (a staged deletion), not a clean of an untracked file
+                was = self.base and self.run("ls-tree", "--name-only", self.base, "--", lost[0])
+                raise StoreError(
+                    f"{lost[0]} was removed while clagd committed it ("
+                    + (
+                        "staged as deleted by a git command of the person's"
+                        if was
+                        else "git clean?"
+                    )
+                    + "); nothing was committed, the change is made again"
+                )
+        # uncompressed loose objects: half of `git add`'s time for a route pass's ~500
+        # files; the daemon's `git gc --auto` packs (and compresses) them (store/packing.py)
+        fs = ("-c", "core.looseCompression=0") + (() if fsync else ("-c", "core.fsync=none"))
+        self.run(*fs, "add", "-A", "--", *paths)
+
+    def commit_tree(self, tree: str, parent: str | None, msg: str) -> str:
+        self.check_not_paused()
+        args = ["commit-tree", tree] + (["-p", parent] if parent else [])
+        new = self.run(*args, istream=Stdin(msg)).strip()
+        self.update_branch(new, parent, msg.splitlines()[0])
+        return new
