@@ -48,7 +48,14 @@ from clagd.model import Memory, iso_utc
 from clagd.protocol import QueryParams
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
-from clagd.store.files import Paths, StoreState, ignored_files, is_data_path, is_store
+from clagd.store.files import (
+    Fragments,
+    IgnoredFiles,
+    Paths,
+    StoreState,
+    is_data_path,
+    is_store,
+)
 from clagd.store.gitrepo import GitStore
 from clagd.store.packing import ObjectPacker
 from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer
@@ -100,6 +107,9 @@ class Engine:
         self.packer = ObjectPacker(self.root, self.config.git.gc_interval_minutes * 60)
         self.started_at = time.time()
         self.notes: list[str] = recover(self.git, self.paths)
+        # the store's own caches of its files (never shared with another store's)
+        self.fragments = Fragments()
+        self.ignored = IgnoredFiles(self.root)
         state = self._load()
         self._archive_index: Index | None = None
         self._archived = dict(state.archived)
@@ -114,6 +124,7 @@ class Engine:
             on_change=self._on_change,
             prepare=self._prepare_index,
             announce=self._announce_index,
+            fragments=self.fragments,
         )
         self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
@@ -149,7 +160,7 @@ class Engine:
             if warm.note:
                 self.notes.append(warm.note)
         else:
-            loaded = load_store(self.root, self.config)
+            loaded = load_store(self.root, self.config, fragments=self.fragments)
             state, self.index = loaded.state, loaded.index
             self.load_source = "files"
             self.load_processes = loaded.workers
@@ -508,7 +519,7 @@ class Engine:
             branch=self.git.branch,
             paused=self.writer.paused or self.git.pause_reason(locks=False) or "",
             git_gc=self.packer.status(),
-            ignored_files=tuple(ignored_files(self.root)),
+            ignored_files=tuple(self.ignored.files()),
             history=self.writer.history_status(),
             backend=hooks.backend_status() if hooks.backend_status is not None else None,
             inbox=part.get("inbox"),

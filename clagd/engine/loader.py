@@ -35,12 +35,12 @@ from clagd.store.files import (
     CLUSTERS,
     UNSORTED,
     FileUpdate,
+    Fragments,
     StoreState,
     data_files,
     files_pass_checks,
     merge_loaded,
     parse_files,
-    remember_fragments,
 )
 
 log = logging.getLogger(__name__)
@@ -137,16 +137,24 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def load_store(root: Path, config: Config | None = None, workers: int = 0) -> Loaded:
+def load_store(
+    root: Path,
+    config: Config | None = None,
+    workers: int = 0,
+    fragments: Fragments | None = None,
+) -> Loaded:
     """Every data file of the store, parsed, indexed and checked (`store.apply_update`:
     raises StoreError naming every problem). `config` is the store's Config, for the index
     (None: the defaults). `workers` 0 = as many processes as there are CPUs (at
-    most MAX_WORKERS) when the store is large enough to gain from it, 1 = this one only."""
+    most MAX_WORKERS) when the store is large enough to gain from it, 1 = this one only.
+    `fragments`: the store's cache of its memories' file texts, given the files' own."""
     with _gc_paused():
-        return _load_store(Path(root), config, workers)
+        return _load_store(Path(root), config, workers, fragments)
 
 
-def _load_store(root: Path, config: Config | None, workers: int) -> Loaded:
+def _load_store(
+    root: Path, config: Config | None, workers: int, fragments: Fragments | None
+) -> Loaded:
     settings = Index.for_config(config) if config is not None else Index()
     rels = data_files(root)
     sizes = _sizes(root, rels)
@@ -159,7 +167,8 @@ def _load_store(root: Path, config: Config | None, workers: int) -> Loaded:
     checked = all(p.checked for p in parts)
     state = merge_loaded([p.update for p in parts], errors, checked)
     for p in parts:
-        remember_fragments(p.update.fragments)
+        if fragments is not None:
+            fragments.remember(p.update.fragments)
         p.update.fragments = {}
     index = build([p.prepared for p in parts], settings.cfg, settings.ingest)
     return Loaded(state, index, workers=workers)

@@ -249,7 +249,7 @@ class FileUpdate:
     archive: dict[str, Cluster | None] = field(default_factory=dict)
     shards: dict[str, list[Memory] | None] = field(default_factory=dict)
     # with `parse_files(..., fragments=True)`: each memory's list item as its file holds
-    # it, for the writer's fragment cache (`remember_fragments`)
+    # it, for the store's fragment cache (`Fragments.remember`)
     fragments: dict[str, Fragment] = field(default_factory=dict)
 
 
@@ -288,47 +288,61 @@ def data_files(root: Path) -> list[str]:
     ]
 
 
-# folder -> ((inode, mtime_ns), its ignored files): `status` lists a folder again only when
-# an entry was added, removed or renamed in it since (each changes the folder's mtime)
-_IGNORED: dict[str, tuple[tuple[int, int], list[str]]] = {}
 # a folder changed this recently is listed every time: two changes within one tick of the
 # kernel's coarse file clock (at most 10 ms) leave the same mtime (git's "racy" case)
 IGNORED_RACY_NS = 100_000_000
 
 
-def ignored_files(root: Path, limit: int = 50) -> list[str]:
-    """Files in the memory folders that are not memory files (ignored; listed in status).
-    `status` calls this each time, and clients poll it: at 100k memories, listing and
-    checking 2,000 cluster files was ~2 ms of the daemon's GIL per call."""
-    out: list[str] = []
-    for d in (CLUSTERS, ARCHIVE, UNSORTED):
-        folder = os.path.join(root, d)
+class IgnoredFiles:
+    """The files in one store's memory folders that are not memory files (ignored; listed in
+    status). `status` asks on every call, and clients poll it: at 100k memories, listing and
+    checking 2,000 cluster files was ~2 ms of the daemon's GIL per call, so a folder is
+    listed again only when an entry was added, removed or renamed in it since (each changes
+    the folder's mtime). One per store (the engine's): stores never share what was seen."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        # folder -> ((inode, mtime_ns), its ignored files)
+        self._seen: dict[str, tuple[tuple[int, int], list[str]]] = {}
+
+    def files(self, limit: int = 50) -> list[str]:
+        out: list[str] = []
+        for d in (CLUSTERS, ARCHIVE, UNSORTED):
+            found = self._listed(d)
+            out.extend(found[: limit - len(out)])
+            if len(out) >= limit:
+                break
+        return out
+
+    def _listed(self, d: str) -> list[str]:
+        folder = os.path.join(self.root, d)
         try:
             st = os.stat(folder)
         except OSError:
-            continue
+            return []
         key = (st.st_ino, st.st_mtime_ns)
-        got = _IGNORED.get(folder)
+        got = self._seen.get(folder)
         if got is not None and got[0] == key:
-            found = got[1]
+            return got[1]
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return []
+        found = [
+            f"{d}/{name}"
+            for name in names
+            if name != ".gitkeep" and not is_data_path(f"{d}/{name}")
+        ]
+        if time.time_ns() - st.st_mtime_ns > IGNORED_RACY_NS:
+            self._seen[folder] = (key, found)
         else:
-            try:
-                names = sorted(os.listdir(folder))
-            except OSError:
-                continue
-            found = [
-                f"{d}/{name}"
-                for name in names
-                if name != ".gitkeep" and not is_data_path(f"{d}/{name}")
-            ]
-            if time.time_ns() - st.st_mtime_ns > IGNORED_RACY_NS:
-                _IGNORED[folder] = (key, found)
-            else:
-                _IGNORED.pop(folder, None)
-        out.extend(found[: limit - len(out)])
-        if len(out) >= limit:
-            return out
-    return out
+            self._seen.pop(folder, None)
+        return found
+
+
+def ignored_files(root: Path, limit: int = 50) -> list[str]:
+    """The ignored files of the store at `root`, listed now (see `IgnoredFiles`)."""
+    return IgnoredFiles(root).files(limit)
 
 
 def read_files(
@@ -476,67 +490,78 @@ def load_state(root: Path) -> StoreState:
     return read_files(root, StoreState(), data_files(root))[0]
 
 
-# YAML text of each memory as a list item, reused while the memory is unchanged: a cluster
-# file is rewritten whole when one memory joins it, and dumping every member again dominated
-# the cost of ingest. The output is byte-identical to dumping the whole file.
-_FRAGMENTS: dict[str, Fragment] = {}
-_MAX_FRAGMENTS = 400_000
-
-
 def _meta_key(m: Memory) -> str:
     return json.dumps(m.metadata, sort_keys=True, default=str) if m.metadata else ""
 
 
-def remember_fragments(fragments: dict[str, Fragment]) -> None:
-    """Take the list items that store files hold as they are (`parse_files(...,
-    fragments=True)`) into the cache: after a start from the files, a cluster file that
-    one routed memory joins is then rewritten from its own text, not dumped again whole.
-    The file's text of a memory is what dumping it gave when clagd wrote it; for a file a
-    person wrote another way, text that parses to the same memory."""
-    if len(_FRAGMENTS) + len(fragments) > _MAX_FRAGMENTS:
-        _FRAGMENTS.clear()
-        if len(fragments) > _MAX_FRAGMENTS:
-            return
-    _FRAGMENTS.update(fragments)
+class Fragments:
+    """The YAML text of each memory as a list item, reused while the memory is unchanged: a
+    cluster file is rewritten whole when one memory joins it, and dumping every member again
+    dominated the cost of ingest. The output is byte-identical to dumping the whole file.
+    One per store (the engine's, lent to its writer): stores never share texts."""
 
+    MAX = 400_000  # memories' texts kept; beyond it the cache starts again
 
-def _cached(m: Memory, meta: str) -> str | None:
-    hit = _FRAGMENTS.get(m.id)
-    if hit is not None and hit[0] == m.content and hit[1] == m.created_at and hit[2] == meta:
-        return hit[3]
-    return None
+    def __init__(self, limit: int = MAX) -> None:
+        self.limit = limit
+        self._items: dict[str, Fragment] = {}
 
+    def __len__(self) -> int:
+        return len(self._items)
 
-def _fragments(mems: list[Memory]) -> list[str]:
-    """Each memory's list item, from the cache or dumped; the misses (all of a cluster's
-    memories after a start from the YAML files) in one dump (`yamlio.list_items`)."""
-    metas = [_meta_key(m) for m in mems]
-    out = [_cached(m, meta) for m, meta in zip(mems, metas)]
-    miss = [i for i, text in enumerate(out) if text is None]
-    if not miss:
+    def get(self, mid: str) -> Fragment | None:
+        return self._items.get(mid)
+
+    def remember(self, fragments: dict[str, Fragment]) -> None:
+        """Take the list items that store files hold as they are (`parse_files(...,
+        fragments=True)`): after a start from the files, a cluster file that one routed
+        memory joins is then rewritten from its own text, not dumped again whole. The
+        file's text of a memory is what dumping it gave when clagd wrote it; for a file a
+        person wrote another way, text that parses to the same memory."""
+        if len(self._items) + len(fragments) > self.limit:
+            self._items.clear()
+            if len(fragments) > self.limit:
+                return
+        self._items.update(fragments)
+
+    def texts(self, mems: list[Memory]) -> list[str]:
+        """Each memory's list item, from the cache or dumped; the misses (all of a cluster's
+        memories after a start from the YAML files) in one dump (`yamlio.list_items`)."""
+        metas = [_meta_key(m) for m in mems]
+        out = [self._cached(m, meta) for m, meta in zip(mems, metas)]
+        miss = [i for i, text in enumerate(out) if text is None]
+        if not miss:
+            return out  # type: ignore[return-value]
+        dumped = list_items([mems[i].to_dict() for i in miss])
+        if dumped is None:  # cannot happen for block lists; the slow, sure way all the same
+            dumped = [dumps([mems[i].to_dict()]) for i in miss]
+        if len(self._items) + len(miss) > self.limit:
+            self._items.clear()
+        for i, text in zip(miss, dumped):
+            m = mems[i]
+            self._items[m.id] = (m.content, m.created_at, metas[i], text)
+            out[i] = text
         return out  # type: ignore[return-value]
-    dumped = list_items([mems[i].to_dict() for i in miss])
-    if dumped is None:  # cannot happen for block lists; the slow, sure way all the same
-        dumped = [dumps([mems[i].to_dict()]) for i in miss]
-    if len(_FRAGMENTS) + len(miss) > _MAX_FRAGMENTS:
-        _FRAGMENTS.clear()
-    for i, text in zip(miss, dumped):
-        m = mems[i]
-        _FRAGMENTS[m.id] = (m.content, m.created_at, metas[i], text)
-        out[i] = text
-    return out  # type: ignore[return-value]
+
+    def _cached(self, m: Memory, meta: str) -> str | None:
+        hit = self._items.get(m.id)
+        if hit is not None and hit[0] == m.content and hit[1] == m.created_at and hit[2] == meta:
+            return hit[3]
+        return None
 
 
-def _memories_yaml(head: dict, mems: list[Memory]) -> str:
+def _memories_yaml(head: dict, mems: list[Memory], fragments: Fragments | None) -> str:
     if not mems:
         return dumps({**head, "memories": []})
-    return (dumps(head) if head else "") + "memories:\n" + "".join(_fragments(mems))
+    items = (fragments if fragments is not None else Fragments()).texts(mems)
+    return (dumps(head) if head else "") + "memories:\n" + "".join(items)
 
 
-def cluster_yaml(c: Cluster) -> str:
+def cluster_yaml(c: Cluster, fragments: Fragments | None = None) -> str:
+    """A cluster file's text; `fragments`: the store's cache of its memories' texts."""
     d = c.to_dict()
     d.pop("memories")
-    return _memories_yaml(d, c.memories)
+    return _memories_yaml(d, c.memories, fragments)
 
 
 def write_cluster(paths: Paths, c: Cluster, archived: bool = False, fsync: bool = True) -> Path:
@@ -545,8 +570,9 @@ def write_cluster(paths: Paths, c: Cluster, archived: bool = False, fsync: bool 
     return path
 
 
-def shard_yaml(mems: list[Memory]) -> str:
-    return _memories_yaml({}, mems)
+def shard_yaml(mems: list[Memory], fragments: Fragments | None = None) -> str:
+    """An unsorted shard's text; `fragments` as for `cluster_yaml`."""
+    return _memories_yaml({}, mems, fragments)
 
 
 def write_shard(paths: Paths, name: str, mems: list[Memory], fsync: bool = True) -> Path:

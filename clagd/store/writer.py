@@ -28,6 +28,7 @@ from clagd.store.files import (
     ARCHIVE,
     CLUSTERS,
     UNSORTED,
+    Fragments,
     Paths,
     StoreState,
     cluster_yaml,
@@ -161,7 +162,7 @@ class WriteContext:
             written.append(self._write_or_remove(cid, archived=True))
         for name, mems in shards:
             path = self.paths.shard_file(name)
-            self._write(path, shard_yaml(mems) if mems else None, fsync=not batch_sync)
+            self._write(path, shard_yaml(mems, w.fragments) if mems else None, fsync=not batch_sync)
             written.append(str(path.relative_to(self.paths.root)))
         if not batch_sync:
             for d in DATA_DIRS:
@@ -206,7 +207,9 @@ class WriteContext:
         area = self.state.archived if archived else self.state.clusters
         path = self.paths.cluster_file(cid, archived)
         if cid in area:
-            self._write(path, cluster_yaml(area[cid]), fsync=not self.w.can_syncfs)
+            self._write(
+                path, cluster_yaml(area[cid], self.w.fragments), fsync=not self.w.can_syncfs
+            )
         else:
             self._write(path, None)
         return str(path.relative_to(self.paths.root))
@@ -328,8 +331,11 @@ class Writer:
         on_change: Callable[[Changes, StoreState, Any], None] | None = None,
         prepare: Callable[[Changes, StoreState], Any] | None = None,
         announce: Callable[[Changes, StoreState], None] | None = None,
+        fragments: Fragments | None = None,
     ) -> None:
         self.paths = Paths(Path(root))
+        # the store's cache of its memories' file texts (`files.Fragments`)
+        self.fragments = fragments if fragments is not None else Fragments()
         self.state = state
         self.git = git
         # on_change(changes, state, prepared) publishes a change once it is committed;

@@ -182,9 +182,11 @@ def test_store_files_stay_inside_the_store(tmp_path: Path) -> None:
 def test_cached_memory_fragments_write_exactly_what_a_full_dump_writes() -> None:
     import random
 
-    from clagd.store.files import _memories_yaml, cluster_yaml
+    from clagd.store.files import Fragments, _memories_yaml, cluster_yaml
 
     rnd = random.Random(1)
+    cache = Fragments()
+    picked: set[str] = set()
     mems = [
         Memory.new(
             "x" * rnd.randint(1, 250) + f" '\"é: - # {i}" + ("\nline" if i % 3 else ""),
@@ -195,6 +197,7 @@ def test_cached_memory_fragments_write_exactly_what_a_full_dump_writes() -> None
     ]
     for t in range(60):
         pick = rnd.sample(mems, rnd.randint(0, 6))
+        picked.update(m.id for m in pick)
         c = Cluster(
             "c-0123456789ab",
             "Name: x",
@@ -206,13 +209,14 @@ def test_cached_memory_fragments_write_exactly_what_a_full_dump_writes() -> None
             pinned=bool(t % 2),
             supersedes={"m-1": "m-2"} if t % 3 == 0 else {},
         )
-        assert cluster_yaml(c) == dumps(c.to_dict())
-        assert _memories_yaml({}, pick) == dumps({"memories": [m.to_dict() for m in pick]})
+        assert cluster_yaml(c, cache) == dumps(c.to_dict())
+        assert _memories_yaml({}, pick, cache) == dumps({"memories": [m.to_dict() for m in pick]})
+    assert len(cache) == len(picked)  # each picked memory's text was kept, and reused
     # a memory changed in place (metadata appended to) is dumped again, not served stale
     m = mems[1]
-    before = cluster_yaml(Cluster("c-0123456789ab", "N a", memories=[m]))
+    before = cluster_yaml(Cluster("c-0123456789ab", "N a", memories=[m]), cache)
     m.metadata["merged"].append({"b": 2})
-    after = cluster_yaml(Cluster("c-0123456789ab", "N a", memories=[m]))
+    after = cluster_yaml(Cluster("c-0123456789ab", "N a", memories=[m]), cache)
     assert after != before and after == dumps(
         Cluster("c-0123456789ab", "N a", memories=[m]).to_dict()
     )
@@ -356,20 +360,69 @@ def test_a_load_keeps_each_memory_s_file_text_for_the_next_rewrite(
     (root / "clusters" / "c-000000a2.yaml").write_text(
         f"id: c-000000a2\nname: Quoted\nmemories:\n{own}"
     )
-    files._FRAGMENTS.clear()
-    state = load_store(root, workers=workers).state
+    cache = files.Fragments()
+    state = load_store(root, workers=workers, fragments=cache).state
     for m in mems:
-        assert files._FRAGMENTS[m.id][3] == dumps([m.to_dict()])
-    assert hand.id not in files._FRAGMENTS
-    assert files._FRAGMENTS[quoted.id][3] == own
+        got = cache.get(m.id)
+        assert got is not None and got[3] == dumps([m.to_dict()])
+    assert cache.get(hand.id) is None
+    got = cache.get(quoted.id)
+    assert got is not None and got[3] == own
     q = state.clusters["c-000000a2"]
-    text = files.cluster_yaml(q)
+    text = files.cluster_yaml(q, cache)
     assert text.endswith(own) and Cluster.from_dict(loads(text)) == q
+    assert files.cluster_yaml(q) != text  # without the store's cache: dumped
     c = state.clusters["c-00000001"]
     c.memories.append(Memory.new("a routed memory joins", "2026-01-02T00:00:00Z"))
-    assert files.cluster_yaml(c) == dumps(c.to_dict())
+    assert files.cluster_yaml(c, cache) == dumps(c.to_dict())
     c.memories[0].metadata["changed"] = "since the load"  # dumped again, not served stale
-    assert files.cluster_yaml(c) == dumps(c.to_dict())
+    assert files.cluster_yaml(c, cache) == dumps(c.to_dict())
+
+
+def test_two_stores_in_one_process_share_no_file_texts_or_listings(tmp_path: Path) -> None:
+    """The caches of a store's files belong to its engine: a memory with the same id in two
+    stores is written in each with that store's own text (here store A's file has a comment
+    in the memory's list item, which store B must never be given), and one store's ignored
+    files are not the other's."""
+    from clagd.engine.core import Engine
+
+    memory = Memory.new("the same memory in both stores", "2026-01-01T00:00:00Z")
+    own = (
+        f"- id: {memory.id}\n  content: the same memory in both stores  # store A's secret\n"
+        "  created_at: '2026-01-01T00:00:00Z'\n"
+    )
+    roots = []
+    for name in ("a", "b"):
+        root, _ = init_store(tmp_path / name)
+        if name == "a":
+            (root / "clusters" / "c-0000000a.yaml").write_text(
+                f"id: c-0000000a\nname: Shared memory\nmemories:\n{own}"
+            )
+            (root / "clusters" / "notes.md").write_text("store A's notes\n")
+        else:
+            write_cluster(Paths(root), Cluster("c-0000000a", "Shared memory", memories=[memory]))
+        git(root, "add", "-A")
+        git(root, "commit", "-qm", "a cluster")
+        roots.append(root)
+
+    def rename(ctx: typing.Any, name: str) -> None:
+        ctx.touch_cluster("c-0000000a")
+        ctx.state.clusters["c-0000000a"].name = name
+        ctx.commit(f"rename to {name}")
+
+    engines = [Engine(root) for root in roots]
+    try:
+        for eng in engines:
+            eng.writer.call(rename, "Renamed memory")
+        text_a, text_b = (r.joinpath("clusters", "c-0000000a.yaml").read_text() for r in roots)
+        assert text_a.endswith(own)  # store A's own text, from its cache
+        assert "secret" not in text_b and text_b.endswith(dumps([memory.to_dict()]))
+        assert engines[0].status().ignored_files == ("clusters/notes.md",)
+        assert engines[1].status().ignored_files == ()
+        assert engines[0].fragments is not engines[1].fragments
+    finally:
+        for eng in engines:
+            eng.close()
 
 
 def test_block_list_texts_takes_only_the_layout_clagd_writes() -> None:
@@ -439,20 +492,21 @@ def test_the_ignored_files_listing_is_made_again_whenever_a_folder_changed(
         return real(path)
 
     monkeypatch.setattr(files.os, "listdir", counting)
+    listing = files.IgnoredFiles(root)
     old = time.time() - 60
     for d in ("clusters", "archive", "unsorted"):
         os.utime(root / d, (old, old))
-    assert files.ignored_files(root) == []
+    assert listing.files() == []
     assert sorted(listed) == ["archive", "clusters", "unsorted"]
     listed.clear()
-    assert files.ignored_files(root) == [] and listed == []  # nothing changed: no listing
+    assert listing.files() == [] and listed == []  # nothing changed: no listing
     (root / "clusters" / "notes.md").write_text("a person's notes\n")
-    assert files.ignored_files(root) == ["clusters/notes.md"] and listed == ["clusters"]
+    assert listing.files() == ["clusters/notes.md"] and listed == ["clusters"]
     listed.clear()
     # changed just now: listed at every call, a second change in the same clock tick
     # could leave the folder's mtime as it is
     (root / "unsorted" / "export.yaml").write_text("x: 1\n")
     for _ in range(2):
-        assert files.ignored_files(root) == ["clusters/notes.md", "unsorted/export.yaml"]
+        assert listing.files() == ["clusters/notes.md", "unsorted/export.yaml"]
     assert listed.count("unsorted") == 2
-    assert files.ignored_files(root, limit=1) == ["clusters/notes.md"]
+    assert listing.files(limit=1) == ["clusters/notes.md"]
