@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from clagd.model import Cluster, Memory
 from clagd.organize.prompts import clip
-from clagd.organize.similarity import cluster_terms, label_terms, terms
+from clagd.organize.similarity import ClusterScores, label_terms, terms
 from clagd.store.files import StoreState
 
 MAX_CHECKS = 20
@@ -77,9 +77,14 @@ class Check:
     lexical_ok: bool
 
 
-def lexical_ok(state: StoreState, mid: str, cid: str) -> bool:
+def lexical_ok(state: StoreState, mid: str, cid: str, scored: ClusterScores) -> bool:
     """An assignment is lexically incoherent only when the memory shares no term with its
-    cluster while another cluster shares at least two: SLM plans group by use, not words."""
+    cluster (its label and its other members: without it the cluster scores 0 for it) while
+    the index's BM25 (`scored`: the hot clusters after the change) scores another cluster
+    above 0 for it, so a query with its words would find that one first. Nothing else: SLM
+    plans group by use, not words. (The router's `route_min_score` is an absolute BM25
+    score for a whole store; over a session's few clusters IDF is small and it is never
+    reached, so the ranking decides.)"""
     m = state.memory(mid)
     own = state.clusters.get(cid)
     if m is None or own is None:
@@ -93,22 +98,25 @@ def lexical_ok(state: StoreState, mid: str, cid: str) -> bool:
             mine |= terms(x.content)
     if words & mine:
         return True
-    best_other = max(
-        (len(words & cluster_terms(c)) for k, c in state.clusters.items() if k != cid),
-        default=0,
-    )
-    return best_other < 2
+    best_other = max((s for k, s in scored.scores(m.content).items() if k != cid), default=0.0)
+    return best_other <= 0.0
 
 
 def pick_checks(
-    state: StoreState, assign: dict[str, str], fraction: float, rng: random.Random
+    state: StoreState,
+    assign: dict[str, str],
+    fraction: float,
+    rng: random.Random,
+    scored: ClusterScores | None = None,
 ) -> list[Check]:
     """A random `fraction` of the applied assignments (at least `MIN_CHECKS`: 10% of a
-    12-memory plan is one check, which a copying model passed; at most `MAX_CHECKS`)."""
+    12-memory plan is one check, which a copying model passed; at most `MAX_CHECKS`).
+    `scored`: the hot clusters as they are now (`ClusterScores(state.clusters)`)."""
     items = sorted(assign.items())
     if not items or fraction <= 0:
         return []
     n = min(len(items), MAX_CHECKS, max(MIN_CHECKS, round(fraction * len(items))))
+    scored = scored or ClusterScores(state.clusters)
     out = []
     for mid, cid in rng.sample(items, n):
         c = state.clusters.get(cid)
@@ -123,7 +131,7 @@ def pick_checks(
                 cid,
                 f"{c.name}: {clip(c.description, 120)}",
                 others,
-                lexical_ok(state, mid, cid),
+                lexical_ok(state, mid, cid, scored),
             )
         )
     return out

@@ -54,6 +54,7 @@ from clagd.organize.plan_apply import apply_plan
 from clagd.organize.plan_checks import validate_plan
 from clagd.organize.plan_invariants import check_invariants
 from clagd.organize.sample import Check, Snapshot, lexical_ok, pick_checks, take_snapshot
+from clagd.organize.similarity import ClusterScores
 from clagd.organize.size_policy import size_policy
 from clagd.organize.validation import retrievability, retrievability_problem
 from clagd.slm.base import Backend
@@ -226,9 +227,10 @@ def _apply_plan_op(
         )
         return res
     final = {mid: applied.created.get(ref, ref) for mid, ref in plan.assign.items()}
-    res.checks = pick_checks(state, final, check_fraction, random.Random(seed))
-    if baseline is not None:
-        baseline.compare(state, final, sorted(applied.changed), res)
+    if baseline is not None:  # a model's plan: the index's BM25 of the clusters now
+        scored = ClusterScores(state.clusters)
+        res.checks = pick_checks(state, final, check_fraction, random.Random(seed), scored)
+        baseline.compare(state, final, sorted(applied.changed), res, scored)
     return res
 
 
@@ -252,13 +254,20 @@ class _Baseline:
         return cls(clusters, home)
 
     def compare(
-        self, state: StoreState, final: dict[str, str], touched: list[str], res: ApplyResult
+        self,
+        state: StoreState,
+        final: dict[str, str],
+        touched: list[str],
+        res: ApplyResult,
+        scored: ClusterScores,
     ) -> None:
         res.assigned = len(final)
-        res.incoherent = [mid for mid, cid in final.items() if not lexical_ok(state, mid, cid)]
+        res.incoherent = [
+            mid for mid, cid in final.items() if not lexical_ok(state, mid, cid, scored)
+        ]
         moved = [mid for mid, cid in final.items() if self.home.get(mid) != cid]
         b, a, notes = retrievability(
-            self.clusters, state.clusters, moved, self.home, final, touched, 1
+            self.clusters, state.clusters, moved, self.home, final, touched, 1, scored
         )
         res.retrievable = (b, a)
         res.retrieval_problem = retrievability_problem(b, a, notes)

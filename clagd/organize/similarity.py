@@ -1,16 +1,18 @@
 """Lexical similarity for organizing: the one home of the measures the organizers use.
 
-Three measures, each for its own question, all over the stemmed tokens of `clagd.text`:
+"Does this text match this cluster?" has one answer in clagd: the index's own BM25 over the
+cluster profiles, the scorer queries and the router use (`ClusterScores`, over
+`clagd.retrieval`). The session's retrievability and coherence checks ask it. The other
+measures here answer other questions, all over the stemmed tokens of `clagd.text`:
 
-- term sets and overlap (`terms`, `cluster_terms`, `jaccard`): does a memory share words with
-  a cluster (the session's candidate clusters and its coherence check), are two memories
-  near-identical (the size policy's fold);
+- term sets and overlap (`terms`, `cluster_terms`, `jaccard`): does a memory share any word
+  with a cluster (the session's candidate clusters, the coherence check's first step), are
+  two memories near-identical (the size policy's fold);
 - raw term-count cosine (`term_counts`, `count_cosine`): are two clusters near-duplicates
   (the size policy);
-- TF-IDF over a corpus (`TfIdf`, `unit_cosine`): the lexical organizer's cohesion, joins
-  and merges, where a word common in the whole store should count for little.
-
-Retrieval's BM25 (`clagd.retrieval.index`) is the query scorer, not one of these.
+- TF-IDF over a corpus (`TfIdf`, `unit_cosine`): how alike two groups of memories are, the
+  lexical organizer's cohesion, joins and merges (a symmetric similarity of two groups,
+  where BM25 scores a query against documents; see docs/sessions.md for the measurement).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from clagd.model import Cluster, Memory
-from clagd.text import STOPWORDS, stem, tokenize, words
+from clagd.retrieval.index import Index
+from clagd.text import STOPWORDS, stem, tokenize, word_terms, words
 
 Vec = dict[str, float]
 
@@ -111,3 +114,36 @@ class TfIdf:
             )
             self.surface[term] = counts
         return counts.most_common(1)[0][0] if counts else term
+
+
+class ClusterScores:
+    """The index's BM25 of a text against these clusters' profiles: an `Index` of them
+    alone (the store's scorer, with the default retrieval settings), asked as a query asks
+    it (`Index.cluster_candidates`: members' terms plus the weighted label terms, IDF over
+    the clusters)."""
+
+    def __init__(self, clusters: Mapping[str, Cluster]) -> None:
+        self.index = Index.build(clusters, [])
+
+    def scores(self, text: str) -> dict[str, float]:
+        """Every cluster's score for `text` (a cluster left out scores 0)."""
+        n = self.index.n_clusters
+        return {cid: score for cid, _name, score in self.index.cluster_candidates(text, n)}
+
+    def rank(self, text: str, cid: str) -> int | None:
+        """1-based rank of cluster `cid` for `text` (None: it does not match at all)."""
+        scores = self.scores(text)
+        mine = scores.get(cid, 0.0)
+        if mine <= 0:
+            return None
+        return 1 + sum(1 for s in scores.values() if s > mine)
+
+
+def surface_query(term_list: Iterable[str], text: str) -> str:
+    """Terms (stems) as the words of `text` that give them, for a query that the index
+    tokenizes as it tokenizes everything (a stem is not always its own stem)."""
+    ws = [w for w in words(text) if w not in STOPWORDS]
+    of: dict[str, str] = {}
+    for w, t in zip(ws, word_terms(ws, stopwords=False)):
+        of.setdefault(t, w)
+    return " ".join(of.get(t, t) for t in term_list)

@@ -14,22 +14,21 @@ the session keeps it (`retrievability`, `incoherent`):
 - the cheap lexical coherence check on every assignment (a memory sharing no term with its
   cluster but at least two with another one);
 - retrievability: pseudo-queries built from each moved memory's distinctive terms and from
-  each new or renamed cluster's name must find their cluster (among the top clusters a query
-  searches) about as often as before the change.
+  each new or changed cluster's shared terms must find their cluster (ranked by the index's
+  own cluster-level BM25, `similarity.ClusterScores`) about as often as before the change.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from clagd.config import SessionConfig
 from clagd.model import Cluster, Memory
 from clagd.organize.examples import Examples, copied
 from clagd.organize.plan import NEW_PREFIX, Plan
+from clagd.organize.similarity import ClusterScores, surface_query
 from clagd.text import tokenize
 
 LOOP_MIN_TOKENS = 12
@@ -82,42 +81,6 @@ def plan_junk(
 # -- retrievability ----------------------------------------------------------------------
 
 
-def _doc(c: Cluster) -> list[str]:
-    return tokenize(" ".join([c.name, c.description, *c.tags, *(m.content for m in c.memories)]))
-
-
-@dataclass
-class _Ranker:
-    """Cluster-level ranking as a query sees it: terms weighted by IDF over clusters."""
-
-    ids: list[str]
-    docs: list[Counter[str]]
-    idf: dict[str, float]
-
-    @classmethod
-    def of(cls, clusters: Mapping[str, Cluster]) -> _Ranker:
-        ids = sorted(clusters)
-        docs = [Counter(_doc(clusters[c])) for c in ids]
-        df: Counter[str] = Counter(t for d in docs for t in d)
-        n = len(docs)
-        idf = {t: math.log(1 + (n - k + 0.5) / (k + 0.5)) for t, k in df.items()}
-        return cls(ids, docs, idf)
-
-    def rank(self, query: list[str], cid: str) -> int | None:
-        """1-based rank of cluster `cid` for `query` (None: not among the matching ones)."""
-        if cid not in self.ids:
-            return None
-        q = set(query)
-        scores = {
-            c: sum(self.idf[t] * (1 + math.log(d[t])) for t in q if t in d)
-            for c, d in zip(self.ids, self.docs)
-        }
-        mine = scores[cid]
-        if mine <= 0:
-            return None
-        return 1 + sum(1 for c, s in scores.items() if s > mine)
-
-
 def distinctive(m: Memory, df: Mapping[str, int], common: int, k: int = QUERY_TERMS) -> list[str]:
     """The memory's `k` rarest terms that other memories share too: what a query about its
     topic would contain. A term no other memory has finds the memory wherever it is filed,
@@ -139,12 +102,14 @@ def retrievability(
     home_after: Mapping[str, str],
     touched: Iterable[str],
     top: int,
+    scored_after: ClusterScores | None = None,
 ) -> tuple[float, float, list[str]]:
     """(share found before, share found after, notes). A moved memory's pseudo-query (its
     rarest terms) counts as found before when it was unsorted (the unsorted area is always
     searched) or its old cluster ranked within `top`; after, when its new cluster does. The
     profile query of each new or changed cluster (the rarest terms its members share) must
-    find that cluster within `top` after the change."""
+    find that cluster within `top` after the change. `scored_after`: `after` already
+    scored (`ClusterScores(after)`), when the caller has it."""
     df: Counter[str] = Counter()
     n = 0
     for c in after.values():
@@ -152,7 +117,7 @@ def retrievability(
             df.update(set(tokenize(m.content)))
             n += 1
     common = max(2, n // 2)
-    rb, ra = _Ranker.of(before), _Ranker.of(after)
+    rb, ra = ClusterScores(before), scored_after or ClusterScores(after)
     was: list[bool] = []
     now: list[bool] = []
     notes: list[str] = []
@@ -164,30 +129,33 @@ def retrievability(
         q = distinctive(mem, df, common)
         if not q:
             continue
+        text = surface_query(q, mem.content)
         old = home_before.get(mid)
-        r_old = rb.rank(q, old) if old else 1
+        r_old = rb.rank(text, old) if old else 1
         was.append(r_old is not None and r_old <= top)
-        r_new = ra.rank(q, home_after.get(mid, ""))
+        r_new = ra.rank(text, home_after.get(mid, ""))
         now.append(r_new is not None and r_new <= top)
         if not now[-1]:
             notes.append(f"{' '.join(q)!r} does not find the cluster of {mid}")
     for cid in touched:
         cl = after.get(cid)
-        if cl is None or not cl.memories:
+        q = _profile_query(cl, df, common) if cl is not None else []
+        if cl is None or not q:
             continue
-        # the profile's pseudo-query: the rarest terms several of its members share (or
-        # the rarest of its one member): what a query about this cluster would contain
-        counts: Counter[str] = Counter(t for m in cl.memories for t in set(tokenize(m.content)))
-        counts = Counter({t: k for t, k in counts.items() if df.get(t, 0) <= common})
-        shared = [t for t, k in counts.items() if k >= 2] or list(counts)
-        q = sorted(shared, key=lambda t: (df.get(t, 0), t))[:QUERY_TERMS]
-        if not q:
-            continue
-        r = ra.rank(q, cid)
+        r = ra.rank(surface_query(q, " ".join(m.content for m in cl.memories)), cid)
         now.append(r is not None and r <= top)
         if not now[-1]:
             notes.append(f"profile query {' '.join(q)!r} does not find {cl.name!r}")
     return _found(was), _found(now), notes
+
+
+def _profile_query(cl: Cluster, df: Mapping[str, int], common: int) -> list[str]:
+    """A cluster's pseudo-query: the rarest terms several of its members share (or the
+    rarest of its one member): what a query about this cluster would contain."""
+    counts: Counter[str] = Counter(t for m in cl.memories for t in set(tokenize(m.content)))
+    counts = Counter({t: k for t, k in counts.items() if df.get(t, 0) <= common})
+    shared = [t for t, k in counts.items() if k >= 2] or list(counts)
+    return sorted(shared, key=lambda t: (df.get(t, 0), t))[:QUERY_TERMS]
 
 
 def retrievability_problem(before: float, after: float, notes: list[str]) -> str | None:
