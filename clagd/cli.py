@@ -207,15 +207,73 @@ def run(c: Ctx, path: str | None, log_level: str) -> None:
     from clagd.errors import ConfigError
     from clagd.serve.daemon import Daemon
     from clagd.serve.logs import setup_logging
+    from clagd.store.follow import following
 
     setup_logging(log_level.upper())
+    store = Path(path) if path else c.store
+    remote = following(store)
+    if remote is not None:
+        raise ClagdError(
+            f"{store} is a follower of {remote} (read-only): serve it with "
+            f"clagd follow {remote} {store}"
+        )
     try:
-        d = Daemon(Path(path) if path else c.store, Path(c.socket) if c.socket else None)
+        d = Daemon(store, Path(c.socket) if c.socket else None)
     except ConfigError as exc:
         # a distinct status, so that systemd does not restart a daemon that cannot start
         click.echo(f"clagd: {exc}", err=True)
         sys.exit(EXIT_BAD_CONFIG)
     sys.exit(d.run())
+
+
+@main.command()
+@click.argument("remote")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--branch", default="main", show_default=True, help="the primary's branch")
+@click.option(
+    "--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"])
+)
+@pass_ctx
+def follow(c: Ctx, remote: str, path: str, branch: str, log_level: str) -> None:
+    """Serve a read-only copy of the store at REMOTE (a git URL or path) in PATH.
+
+    PATH is cloned from REMOTE when missing or empty; the follower fetches every
+    replication.follow_seconds (and on `clagd sync`) and answers writes with read_only."""
+    from clagd.errors import ConfigError
+    from clagd.serve.daemon import Daemon
+    from clagd.serve.logs import setup_logging
+    from clagd.store.follow import clone
+
+    setup_logging(log_level.upper())
+    dest = Path(path).expanduser()
+    if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
+        clone(remote, dest, branch)
+    try:
+        d = Daemon(dest, Path(c.socket) if c.socket else None, follow=remote)
+    except ConfigError as exc:
+        click.echo(f"clagd: {exc}", err=True)
+        sys.exit(EXIT_BAD_CONFIG)
+    sys.exit(d.run())
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="the follower's status as JSON")
+@pass_ctx
+def sync(c: Ctx, as_json: bool) -> None:
+    """A follower: fetch from the primary now and serve what it has."""
+    with c.client() as cl:
+        s = cl.sync()
+    _emit(s, as_json, _follow_line(s))
+
+
+def _follow_line(f: dict[str, Any]) -> str:
+    ago = f.get("seconds_since_fetch")
+    line = (
+        f"follower of {f.get('remote')} ({f.get('branch')}): head {(f.get('head') or '')[:10]}, "
+        f"{f.get('behind', 0)} behind, fetched "
+        + (f"{ago:.1f}s ago" if isinstance(ago, (int, float)) else "never")
+    )
+    return line + (f"; last error: {f['last_error']}" if f.get("last_error") else "")
 
 
 @main.command()
@@ -506,6 +564,8 @@ def status(c: Ctx, as_json: bool) -> None:
         f"({s['counters']['duplicates']} duplicates)",
         *_query_process_lines(s.get("query_processes") or {}, s.get("uptime_seconds", 0)),
     ]
+    if s.get("follow"):
+        lines.insert(1, f"follower   {_follow_line(s['follow'])}")
     if s.get("outside_edit_error"):
         lines.append(f"ATTENTION  outside edit rejected: {s['outside_edit_error']}")
     lines += _attention(s)

@@ -428,6 +428,10 @@ class Client:
     def archive(self, dry_run: bool = False) -> dict[str, Any]:
         return self.call("archive", dry_run=dry_run)
 
+    def sync(self) -> dict[str, Any]:
+        """A follower fetches from its primary now; its `status.follow` after that."""
+        return dict(self.call("sync"))
+
     def round(self, n: int = 1) -> dict[str, Any]:
         """Count `n` dialogue rounds (one of the clustering session triggers)."""
         return self.call("round", n=n)

@@ -179,6 +179,8 @@ class ReplicationConfig:
     remote: str = ""  # a git remote name or URL; empty: no push
     branch: str = "main"
     retry_seconds: float = 30.0
+    # a follower (clagd follow) fetches its primary's branch this often, in seconds
+    follow_seconds: float = 2.0
 
 
 @dataclass

@@ -118,6 +118,7 @@ def check_server(c: _Checker) -> None:
 
 def check_replication(c: _Checker) -> None:
     c.above(0, "retry_seconds")
+    c.within(0.1, 86400, "follow_seconds")
     if c.s.branch and not _REF_RE.match(c.s.branch):
         c.fail("branch", "a valid git branch name")
 

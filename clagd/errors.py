@@ -60,6 +60,13 @@ class InboxRejected(ClagdError):
     code = "invalid_memory"
 
 
+class ReadOnly(ClagdError):
+    """A write asked of a follower (a read-only daemon serving its primary's remote); the
+    message names the primary's remote, where writes go."""
+
+    code = "read_only"
+
+
 class BadRequest(ClagdError):
     code = "bad_request"
 

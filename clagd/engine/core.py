@@ -211,7 +211,8 @@ class Engine:
     def close(self) -> None:
         if self.writer.alive():
             try:
-                self.maybe_route(force=True)
+                if not self.writer.read_only:  # a follower never routes (nor commits)
+                    self.maybe_route(force=True)
             except Exception as exc:  # noqa: BLE001 - the memories stay unsorted, not lost
                 log.warning("route pass at shutdown failed: %s", exc)
             try:
@@ -237,6 +238,14 @@ class Engine:
             return False
         self.writer.submit(self._save_warmstart_op)
         return True
+
+    def save_warmstart(self) -> None:
+        """Save the warm-start file now and wait for it (after a follower followed a rewrite:
+        the file must not keep what the rewrite removed): a file that could not be saved
+        at the served commit is removed instead."""
+        self.writer.call(self._save_warmstart_op)
+        if self.warmstart.saved_head != self.head:
+            self.warmstart.path.unlink(missing_ok=True)
 
     def _save_warmstart_op(self, ctx: WriteContext) -> None:
         self.warmstart.save(ctx, self.index)
@@ -463,7 +472,7 @@ class Engine:
         )
         self.note_query(memory_ids, cluster_ids, count_round)
         hit_archived = sorted({m.cluster_id for m in out.memories if m.archived and m.cluster_id})
-        if hit_archived and self.config.archive.thaw_on_hit:
+        if hit_archived and self.config.archive.thaw_on_hit and not self.writer.read_only:
             self.writer.submit(self._thaw_op, hit_archived)
             out = replace(out, thawing=tuple(hit_archived))
         return out

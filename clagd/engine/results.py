@@ -272,3 +272,4 @@ class Status:
     config: DataclassInstance | None = field(default=None, metadata=OMIT_NONE)
     refine: DataclassInstance | None = field(default=None, metadata=OMIT_NONE)
     replication: DataclassInstance | None = field(default=None, metadata=OMIT_NONE)
+    follow: DataclassInstance | None = field(default=None, metadata=OMIT_NONE)  # a follower's

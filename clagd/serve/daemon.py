@@ -23,13 +23,21 @@ from clagd.config import Config, load_config
 from clagd.engine.core import Engine
 from clagd.engine.hooks import EngineHooks
 from clagd.engine.results import Scheduled, Status
-from clagd.errors import StoreLocked
+from clagd.errors import BadRequest, ClagdError, ReadOnly, StoreLocked
 from clagd.ingest.watcher import InboxStatus, InboxWatcher
 from clagd.libc import malloc_trim
 from clagd.organize.session import SessionOutcome, engine_session_runner
 from clagd.protocol import resolve_socket
 from clagd.retrieval.change import IndexChange
 from clagd.serve import sdnotify
+from clagd.serve.follow import (
+    WRITE_OPS,
+    Follower,
+    FollowStatus,
+    UnwatchedInbox,
+    follow_prepare,
+    read_only_message,
+)
 from clagd.serve.queryproc import (
     CountingDispatcher,
     QueryProcesses,
@@ -43,6 +51,7 @@ from clagd.serve.server import Dispatcher, Handler, SocketServer, build_dispatch
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager, BackendStatus
 from clagd.store.files import PRIVATE_UMASK, Paths, PrivacyStatus, init_store
+from clagd.store.follow import RemoteBranch
 from clagd.store.gitrepo import GitStore
 
 log = logging.getLogger("clagd")
@@ -119,9 +128,16 @@ def lock_holder(store: Path) -> int | None:
 
 class Daemon:
     def __init__(
-        self, store: Path, socket_path: Path | None = None, config: Config | None = None
+        self,
+        store: Path,
+        socket_path: Path | None = None,
+        config: Config | None = None,
+        follow: str | None = None,
     ) -> None:
         os.umask(PRIVATE_UMASK)  # every file the daemon (and its git) writes is private
+        # a follower (serve/follow.py): the primary's remote it serves, read-only
+        self.follow = follow
+        self.follower: Follower | None = None
         self.store, created = init_store(Path(store))
         if created:
             log.info("created a new store in %s", self.store)
@@ -179,8 +195,33 @@ class Daemon:
     def _start(self) -> None:
         sdnotify.status("loading the store")
         cfg = self.config
+        if self.follow:
+            follow_prepare(self.store, self.follow)  # the working copy is HEAD, no hand edit
         eng = self.engine = Engine(self.store, cfg, start=True, hooks=self._hooks())
         eng.git.make_private()
+        if self.follow:
+            self._start_follower(eng)
+        else:
+            self._start_primary(eng)
+        assert self.scheduler is not None
+        self.scheduler.start()
+        # Queries share the GIL with the writer's pure-Python work (ingest, route pass,
+        # sessions): a thread that wants the GIL waits up to one switch interval for it, at
+        # each wake-up. 0.5 ms instead of 5 halves query p99 while the daemon organizes
+        # (docs/retrieval.md, "Scale").
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        assert self.server is not None
+        self._serve(self.server)
+        self.watchdog = sdnotify.Watchdog(self.healthy).start()
+        self._settle_heap()
+        n = len(eng.index)
+        log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
+        sdnotify.ready(f"serving {n} memories")
+        self._start_query_processes(eng)
+
+    def _start_primary(self, eng: Engine) -> None:
+        """The writer's jobs: outside edits, replication, the inbox, sessions, archive."""
+        cfg = self.config
         # a store edited by hand while no daemon ran: validate and commit it now (whatever
         # goes wrong there is reported and retried by housekeeping, never stops the start)
         try:
@@ -208,25 +249,38 @@ class Daemon:
         # the start-up scan happens in the watcher's first pass, before READY=1
         self.watcher.start()
         self.watcher.wait_backlog(60)
-        self.scheduler.start()
         self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
-        # Queries share the GIL with the writer's pure-Python work (ingest, route pass,
-        # sessions): a thread that wants the GIL waits up to one switch interval for it, at
-        # each wake-up. 0.5 ms instead of 5 halves query p99 while the daemon organizes
-        # (docs/retrieval.md, "Scale").
-        sys.setswitchinterval(SWITCH_INTERVAL)
-        self._serve(self.server)
-        self.watchdog = sdnotify.Watchdog(self.healthy).start()
-        self._settle_heap()
-        n = len(eng.index)
-        log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
-        sdnotify.ready(f"serving {n} memories")
-        self._start_query_processes(eng)
+
+    def _start_follower(self, eng: Engine) -> None:
+        """A follower's jobs: fetch and follow the primary; no inbox, sessions or archive."""
+        assert self.follow is not None
+        cfg = self.config
+        eng.writer.read_only = read_only_message(self.follow)
+        remote = RemoteBranch(eng.git, self.follow, eng.git.branch)
+        self.follower = Follower(eng, remote, cfg.replication.follow_seconds)
+        try:
+            self.follower.sync()  # serve the primary's newest from the first answer on
+        except ClagdError as exc:
+            log.error("follow: %s (serving the last good state)", exc)
+        self.server = self._server(eng)
+        self.scheduler = Scheduler(
+            session=lambda _trigger: None,
+            archive=lambda: None,
+            housekeeping=self._follower_housekeeping,
+            recheck_backend=lambda: None,
+            session_minutes=0,
+            archive_hours=0,
+            housekeeping_seconds=max(0.5, cfg.inbox.rescan_seconds),
+            backend_seconds=0,
+        )
+        self.follower.start()
 
     def _hooks(self) -> EngineHooks:
         """Everything the engine calls out to, built before it (the scheduler, which starts
         later, is reached through `_on_threshold`)."""
         cfg = self.config
+        if self.follow:
+            return self._follower_hooks()
         hooks = EngineHooks(
             on_threshold=self._on_threshold,
             on_route_waiting=self._route_soon,
@@ -257,6 +311,23 @@ class Daemon:
             hooks.on_commit = self.replicator.notify
             hooks.status["replication"] = self.replicator.status
         return hooks
+
+    def _follower_hooks(self) -> EngineHooks:
+        """A follower's engine: it serves and reports, it never organizes or pushes."""
+        return EngineHooks(
+            on_index=self._publish_index,
+            on_index_prepare=self._prepare_index,
+            status={
+                "follow": self._follow_status,
+                "inbox": self._inbox_status,
+                "query_processes": self._query_status,
+                "privacy": lambda: PrivacyStatus.of(self.store),
+                "config": self.reloader.status,
+            },
+        )
+
+    def _follow_status(self) -> FollowStatus | None:
+        return None if self.follower is None else self.follower.status()
 
     # -- query processes (serve/queryproc.py) -----------------------------------------
     def _start_query_processes(self, eng: Engine) -> None:
@@ -394,10 +465,21 @@ class Daemon:
         return server
 
     def _dispatcher(self, eng: Engine) -> Dispatcher:
-        d = build_dispatcher(eng, {"recluster": self._recluster})
-        for op in ("add", "revert", "recluster", "archive", "status"):
+        d = build_dispatcher(eng, {"recluster": self._recluster, "sync": self._sync})
+        for op in ("add", "revert", "recluster", "archive", "status", "sync"):
             d.op(op, self._caught_up(d.ops[op]))
+        if self.follow:
+            for op in WRITE_OPS:
+                d.op(op, self._refuse_write)
         return d
+
+    def _refuse_write(self, _params: dict[str, Any]) -> Any:
+        raise ReadOnly(read_only_message(self.follow or ""))
+
+    def _sync(self, _params: dict[str, Any]) -> FollowStatus:
+        if self.follower is None:
+            raise BadRequest("this daemon is a primary: 'sync' is a follower's (clagd follow)")
+        return self.follower.sync()
 
     @staticmethod
     def _settle_heap() -> None:
@@ -408,15 +490,19 @@ class Daemon:
         gc.freeze()
         release_free_memory()
 
-    def _inbox_status(self) -> InboxStatus | None:
-        return self.watcher.status() if self.watcher is not None else None
+    def _inbox_status(self) -> InboxStatus | UnwatchedInbox | None:
+        if self.watcher is not None:
+            return self.watcher.status()
+        return UnwatchedInbox.of(self.paths.inbox) if self.follow else None
 
     def healthy(self) -> bool:
         return bool(
             self.engine is not None
             and self.engine.writer.alive()
-            and self.watcher is not None
-            and self.watcher.alive()
+            and (
+                (self.watcher is not None and self.watcher.alive())
+                or (self.follower is not None and self.follower.alive())
+            )
             and self.scheduler is not None
             and self.scheduler.alive()
             and (
@@ -444,6 +530,17 @@ class Daemon:
             f"{len(eng.index)} memories, {eng.counters['queries']} queries, "
             f"{eng.counters['sessions']} sessions"
         )
+
+    def _follower_housekeeping(self) -> None:
+        eng = self.engine
+        if eng is None:
+            return
+        self.paths.runtime.mkdir(mode=0o700, exist_ok=True)
+        self._check_socket()
+        self.reloader.check()
+        eng.stats.save()
+        eng.maybe_save_warmstart()
+        sdnotify.status(f"{len(eng.index)} memories, following {self.follow}")
 
     def _check_socket(self) -> None:
         """A deleted (or replaced) socket file is re-created: the daemon must never run on,
@@ -520,6 +617,8 @@ class Daemon:
         log.info("shutting down")
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.follower is not None:
+            self.follower.stop()
         if self.queryprocs is not None:
             self.queryprocs.stop()
         if self.server is not None:

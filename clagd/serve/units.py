@@ -399,6 +399,21 @@ def render_static_units(
         out[f"user/{fname.replace('.service', '.socket')}"] = _socket(
             description=desc.replace("daemon", "daemon socket"), listen=sock, user=True
         )
+    # a follower (clagd follow): the primary's remote comes from an environment file
+    out["user/clagd-follow@.service"] = _service(
+        description="clagd follower (read-only) for store %i",
+        exec_start=f"{exe_user} follow ${{CLAGD_FOLLOW_REMOTE}} {tmpl_store}",
+        store=tmpl_store,
+        socket_env="CLAGD_SOCKET=%t/clagd/%i.sock",
+        user=True,
+        socket_unit=None,
+        extra_service=[
+            # one line: CLAGD_FOLLOW_REMOTE=git://primary.example/memory.git (docs/service.md)
+            "EnvironmentFile=%h/.config/clagd/follow-%i.env",
+            f"ExecStartPre=+/bin/mkdir -p {tmpl_store}",
+            *user_runtime,
+        ],
+    )
     out["system/clagd@.service"] = _service(
         description="clagd memory daemon for store %i (system)",
         exec_start=f"{exe_system} run {sys_store}",

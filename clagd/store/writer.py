@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clagd.errors import Conflict, HeadMoved, Paused, StoreError
+from clagd.errors import Conflict, HeadMoved, Paused, ReadOnly, StoreError
 from clagd.libc import syncfs
 from clagd.model import Cluster, Memory
 from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
@@ -134,6 +134,7 @@ class WriteContext:
         `git commit` refers to them (where syncfs is missing: an fsync per file, and git's
         own fsync per object). A crash before the commit is undone at start-up from the
         marker, a crash after it loses nothing."""
+        self.w.check_writable()
         w = self.w
         changes = Changes()
         shards: list[tuple[str, list[Memory]]] = []
@@ -199,6 +200,7 @@ class WriteContext:
         self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
     ) -> str | None:
         """An empty commit that records an event (a session that changed nothing) in history."""
+        self.w.check_writable()
         sha = self.w.git.commit([], subject, body, trailers, allow_empty=True)
         self.w.publish(Changes(commit=sha))
         return sha
@@ -235,6 +237,7 @@ class WriteContext:
         place too, and is then stored twice); such a revert is refused like a conflict.
         The transaction marker makes a revert killed half-way be undone at start-up."""
         w = self.w
+        w.check_writable()
         w.begin_txn(subject)
         before = set(w.git.staged_files())  # the person's, if any: not the revert's
         try:
@@ -359,6 +362,8 @@ class Writer:
         self.last_error = ""
         self._needs_restore = False
         self.paused = ""  # why writes wait now (empty: they do not)
+        # a follower's writer never commits: why not (the primary's remote), "" on a primary
+        self.read_only = ""
         self.outside_moves = 0  # moves of the branch taken in (reset, rebase, a person's commit)
         self.moved_retries = 0  # commits retried after the branch moved under them
         # files of a move of the branch that hold memories edited by hand and committed by
@@ -381,6 +386,11 @@ class Writer:
             self.history.record(
                 prev, now, removed, not self.git.is_ancestor(prev, now), "at start-up"
             )
+
+    def check_writable(self) -> None:
+        """Refuse every commit of a follower's (its history is the primary's)."""
+        if self.read_only:
+            raise ReadOnly(self.read_only)
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
