@@ -538,6 +538,7 @@ class Engine:
             config=part.get("config"),
             refine=part.get("refine"),
             replication=part.get("replication"),
+            follow=part.get("follow"),
         )
 
     def log(self, n: int = 20) -> Log:

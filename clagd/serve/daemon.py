@@ -34,7 +34,6 @@ from clagd.serve.follow import (
     WRITE_OPS,
     Follower,
     FollowStatus,
-    UnwatchedInbox,
     follow_prepare,
     read_only_message,
 )
@@ -319,7 +318,6 @@ class Daemon:
             on_index_prepare=self._prepare_index,
             status={
                 "follow": self._follow_status,
-                "inbox": self._inbox_status,
                 "query_processes": self._query_status,
                 "privacy": lambda: PrivacyStatus.of(self.store),
                 "config": self.reloader.status,
@@ -490,10 +488,8 @@ class Daemon:
         gc.freeze()
         release_free_memory()
 
-    def _inbox_status(self) -> InboxStatus | UnwatchedInbox | None:
-        if self.watcher is not None:
-            return self.watcher.status()
-        return UnwatchedInbox.of(self.paths.inbox) if self.follow else None
+    def _inbox_status(self) -> InboxStatus | None:
+        return self.watcher.status() if self.watcher is not None else None
 
     def healthy(self) -> bool:
         return bool(

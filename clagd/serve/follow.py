@@ -51,26 +51,6 @@ def follow_prepare(store: Path, remote: str) -> None:
     RemoteBranch.discard_local(store)
 
 
-@dataclass(frozen=True)
-class UnwatchedInbox:
-    """`status.inbox` of a follower: it does not watch its inbox; files dropped there stay
-    and are named here (add memories on the primary)."""
-
-    watched: bool
-    waiting: int
-    files_waiting: tuple[str, ...]
-    note: str
-
-    @classmethod
-    def of(cls, inbox: Path) -> UnwatchedInbox:
-        try:
-            names = sorted(p.name for p in inbox.iterdir() if p.is_file() or p.is_symlink())
-        except OSError:
-            names = []
-        note = "not watched: a follower takes no memories; add them on the primary"
-        return cls(False, len(names), tuple(names[:20]), note)
-
-
 @dataclass
 class FollowStatus:
     """`status.follow`: where the follower is against its primary."""
@@ -87,6 +67,9 @@ class FollowStatus:
     moves: int = 0  # times the working copy moved to a fetched commit
     rewrites: int = 0  # moves onto a history that does not contain the one served before
     last_error: str = ""
+    # a follower does not watch its inbox: files dropped there stay, and are named here
+    inbox_waiting: int = 0
+    inbox_files: tuple[str, ...] = ()
 
 
 class Follower:
@@ -170,4 +153,15 @@ class Follower:
     def status(self) -> FollowStatus:
         s = self.state
         ago = None if s.last_fetch_at is None else round(time.time() - s.last_fetch_at, 3)
-        return replace(s, head=self.engine.head, seconds_since_fetch=ago)
+        try:
+            inbox = self.engine.paths.inbox
+            names = sorted(p.name for p in inbox.iterdir() if p.is_file() or p.is_symlink())
+        except OSError:
+            names = []
+        return replace(
+            s,
+            head=self.engine.head,
+            seconds_since_fetch=ago,
+            inbox_waiting=len(names),
+            inbox_files=tuple(names[:20]),
+        )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DaemonProcess, git, make_store, wait_for
+from test_protocol_doc import _check, _rows, _sections
 
 from clagd.client import Client, ClientError
 
@@ -170,6 +171,9 @@ def test_two_followers_serve_a_burst_over_git_daemon(
         hit = c.query("burst memory number 417")
         assert any(m.content.startswith("burst memory number 417 ") for m in hit.memories)
         s = c.status()
+        tables = {op: _rows(lines) for op, lines in _sections().items() if op != "errors"}
+        _check(s, tables["status"])  # the replies as docs/protocol.md says
+        _check(c.sync(), tables["sync"])
         f = s["follow"]
         assert f["remote"] == url and f["head"] == s["head"] and f["last_error"] == ""
         assert f["fetches"] >= 1 and f["seconds_since_fetch"] is not None
@@ -185,8 +189,9 @@ def test_two_followers_serve_a_burst_over_git_daemon(
     # a follower's inbox is not watched: the file stays there, and status names it
     (followers[1].root / "inbox" / "dropped.txt").write_text("dropped on a follower\n")
     with followers[1].client() as c:
-        inbox = c.status()["inbox"]
-    assert inbox["watched"] is False and "dropped.txt" in inbox["files_waiting"]
+        s = c.status()
+    assert "inbox" not in s and s["follow"]["inbox_waiting"] == 1
+    assert s["follow"]["inbox_files"] == ["dropped.txt"]
     assert (followers[1].root / "inbox" / "dropped.txt").exists()
     # it never committed: its history is the primary's, commit for commit
     assert git(followers[1].root, "rev-parse", "HEAD").strip() == _head(primary)
