@@ -148,6 +148,7 @@ class Follower:
         if rewrite:
             # a whole new index: an incremental one keeps the removed memories' slots and
             # terms until its segments merge, and a rewrite's removals must leave no trace
+            ctx.w.fragments.clear()  # the cached file texts of the removed memories too
             ctx.w.publish(Changes(full=True, commit=ctx.git.base))
 
     def status(self) -> FollowStatus:

@@ -512,6 +512,10 @@ class Fragments:
     def get(self, mid: str) -> Fragment | None:
         return self._items.get(mid)
 
+    def clear(self) -> None:
+        """Forget every text (after a history rewrite: none of the removed may stay)."""
+        self._items.clear()
+
     def remember(self, fragments: dict[str, Fragment]) -> None:
         """Take the list items that store files hold as they are (`parse_files(...,
         fragments=True)`): after a start from the files, a cluster file that one routed

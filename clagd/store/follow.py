@@ -12,9 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from git.exc import GitCommandError
-
-from clagd.errors import StoreError
+from clagd.errors import GitFailed, StoreError
 from clagd.store.gitrepo import BRANCH_KEY, GitStore
 
 FOLLOW_KEY = "clagd.follow"  # git config: the remote this store follows (a follower)
@@ -35,7 +33,7 @@ class FollowError(StoreError):
     code = "follow"
 
 
-def _git_error(exc: GitCommandError | subprocess.CalledProcessError) -> str:
+def _git_error(exc: GitFailed | subprocess.CalledProcessError) -> str:
     err = exc.stderr if exc.stderr else str(exc)
     if isinstance(err, bytes):
         err = err.decode("utf-8", "replace")
@@ -136,7 +134,7 @@ class RemoteBranch:
                 kill_after_timeout=timeout,
             )
             commit = self.git.run("rev-parse", "--verify", "-q", f"{tracking}^{{commit}}").strip()
-        except GitCommandError as exc:
+        except GitFailed as exc:
             raise FollowError(f"fetch from {self.remote} failed: {_git_error(exc)}") from None
         ours = self.git.head()
         contains = ours is None or ours == commit or self.git.is_ancestor(ours, commit)
@@ -146,14 +144,14 @@ class RemoteBranch:
         rng = theirs if ours is None else f"{ours}..{theirs}"
         try:
             return int(self.git.run("rev-list", "--count", rng).strip() or 0)
-        except (GitCommandError, ValueError):
+        except (GitFailed, ValueError):
             return 0
 
     def check_store(self, commit: str) -> None:
         """Refuse a fetched commit that is not a clagd store (no clagd.yaml at its top)."""
         try:
             self.git.run("cat-file", "-e", f"{commit}:clagd.yaml")
-        except GitCommandError:
+        except GitFailed:
             raise FollowError(
                 f"{self.remote} branch {self.branch} is no longer a clagd store "
                 f"(commit {commit[:10]} has no clagd.yaml); still serving the last good state"
@@ -164,7 +162,7 @@ class RemoteBranch:
         """The working copy and index to HEAD (a follower's, before its engine loads)."""
         try:
             GitStore(root).run("reset", "-q", "--hard")
-        except GitCommandError as exc:
+        except GitFailed as exc:
             raise FollowError(f"cannot reset {root} to HEAD: {_git_error(exc)}") from None
 
     def move_to(self, commit: str) -> None:
@@ -173,7 +171,7 @@ class RemoteBranch:
         primary's history and nothing else."""
         try:
             self.git.run("reset", "-q", "--hard", commit)
-        except GitCommandError as exc:
+        except GitFailed as exc:
             raise FollowError(f"cannot move to {commit[:10]}: {_git_error(exc)}") from None
 
     def prune(self) -> None:
@@ -183,5 +181,5 @@ class RemoteBranch:
         try:
             self.git.run("reflog", "expire", "--expire=now", "--expire-unreachable=now", "--all")
             self.git.run("gc", "-q", "--prune=now", kill_after_timeout=600)
-        except GitCommandError as exc:
+        except GitFailed as exc:
             raise FollowError(f"pruning after a rewrite failed: {_git_error(exc)}") from None
