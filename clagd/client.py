@@ -40,9 +40,12 @@ from clagd.protocol import (
     QueryParams,
     default_socket_path,
     find_socket_path,
+    peer_uid,
     prepare_socket_dir,
     resolve_socket,
     socket_path_candidates,
+    store_owner,
+    user_name,
 )
 
 __all__ = [
@@ -175,9 +178,16 @@ class Client:
     `DaemonTimeout` (the connection is then dropped, since its reply stream is out of step).
     """
 
-    def __init__(self, socket_path: str | os.PathLike[str], timeout: float | None = 30.0) -> None:
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str],
+        timeout: float | None = 30.0,
+        owner: int | None = None,
+    ) -> None:
         self.socket_path = Path(socket_path)
         self.timeout = timeout
+        # who may answer: the daemon's expected uid (the store's owner), ours, or root
+        self.owner = os.getuid() if owner is None else owner
         self._sock: socket.socket | None = None
         self._buf = bytearray()
         self._ids = itertools.count(1)
@@ -187,8 +197,9 @@ class Client:
     def for_store(cls, store: str | os.PathLike[str], timeout: float | None = 30.0) -> Client:
         """A client for the daemon that serves `store`: at $CLAGD_SOCKET when set, else at the
         `server.socket` of the store's clagd.yaml, else at its default socket (the one
-        resolution the CLI and the daemon use, `protocol.resolve_socket`)."""
-        return cls(resolve_socket(store), timeout=timeout)
+        resolution the CLI and the daemon use, `protocol.resolve_socket`); only a daemon of
+        the store's owner may answer."""
+        return cls(resolve_socket(store), timeout=timeout, owner=store_owner(store))
 
     # -- connection
 
@@ -242,7 +253,22 @@ class Client:
                 why = exc.strerror or str(exc)
                 raise ClientError(f"{path}: unusable socket path ({why})", "bad_socket") from None
             raise DaemonNotRunning(f"cannot reach clagd at {path}: {exc.strerror}") from None
+        self._check_peer(sock)
         return sock
+
+    def _check_peer(self, sock: socket.socket) -> None:
+        """Before anything is sent: the process that answers must run as the store's owner
+        (or as us, or root), or another user has put her socket where clagd's should be."""
+        uid = peer_uid(sock)
+        if uid is None or uid in (self.owner, os.getuid(), 0):
+            return
+        sock.close()
+        raise ClientError(
+            f"{self.socket_path} is answered by {user_name(uid)}, not by the store's owner "
+            f"{user_name(self.owner)}: refusing to talk to it (another user's socket; remove "
+            "it, or set server.socket to a path in a private directory)",
+            "untrusted_peer",
+        )
 
     # -- requests
 

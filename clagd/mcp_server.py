@@ -26,7 +26,7 @@ from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 from clagd import __version__
 from clagd.client import Client, ClientError, DaemonNotRunning, QueryResult
 from clagd.ingest.inbox import IMPORTANCE_SCALE, MAX_CONTENT_CHARS
-from clagd.protocol import MAX_MEMORIES_LIMIT, resolve_socket, store_path
+from clagd.protocol import MAX_MEMORIES_LIMIT, resolve_socket, store_owner, store_path
 from clagd.serve.units import SYSTEM_SOCKET_DIR, UNIT_PREFIX, service_unit
 
 try:  # mcp >= 2
@@ -363,7 +363,7 @@ def build_server(
 ) -> Any:
     """The MCP server object with clagd's tools, talking to the daemon at `socket_path`
     (`store`, when known, is named in the "not running" message)."""
-    client = Client(socket_path, timeout=timeout)
+    client = Client(socket_path, timeout=timeout, owner=store_owner(store_path(store)))
     try:  # serverInfo.version: this package's version (mcp 1.x has no such argument)
         server = _Server("clagd", instructions=INSTRUCTIONS, version=__version__)
     except TypeError:  # pragma: no cover - mcp 1.x

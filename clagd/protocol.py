@@ -6,8 +6,9 @@ daemon and the systemd units):
   1. an explicit path (`--socket`), else `$CLAGD_SOCKET`;
   2. `server.socket` from the store's `clagd.yaml` (relative: to the store);
   3. the default: `<store>/.clagd/clagd.sock` when it fits in an AF_UNIX address, else a
-     short name derived from the store's path under `$XDG_RUNTIME_DIR/clagd/` or
-     `/tmp/clagd-<uid>/` (a client looks for the one that exists).
+     short name derived from the store's path in the owner's private runtime directory,
+     `/run/user/<uid>/clagd/` or `~/.clagd/run/` (`private_runtime_dir`: chosen from the
+     uid alone, so every environment finds the same one; never a folder in /tmp).
 The store itself is `--store`, else `$CLAGD_STORE`, else `./memory`.
 """
 
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import re
+import socket
 import stat
+import struct
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, fields, is_dataclass
@@ -37,6 +41,8 @@ SOCKET_ENV = "CLAGD_SOCKET"
 # ops that may be sent again after the connection dropped before their reply
 IDEMPOTENT_OPS = frozenset({"ping", "status", "query", "clusters", "log"})
 _UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
+# logind's per-user runtime directories: /run/user is writable by root alone
+RUNTIME_ROOT = Path("/run/user")
 
 
 # --------------------------------------------------------------------------- the store
@@ -77,7 +83,7 @@ def resolve_socket(
     if configured:
         p = Path(configured).expanduser()
         return p if p.is_absolute() else root / p
-    return default_socket_path(root, env) if binding else find_socket_path(root, env)
+    return default_socket_path(root) if binding else find_socket_path(root)
 
 
 def configured_socket(store: Path) -> str:
@@ -98,28 +104,72 @@ def _short_name(store: Path) -> str:
     return f"{name}-{digest}.sock"
 
 
-def socket_path_candidates(
-    store: str | os.PathLike[str], env: Mapping[str, str] | None = None
-) -> list[Path]:
+def _private_to(path: Path, uid: int) -> bool:
+    """`path` is a directory owned by `uid` (or root) that no one else may write into."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in (uid, 0) and not st.st_mode & 0o022
+
+
+def _home_of(uid: int) -> Path | None:
+    try:
+        return Path(pwd.getpwuid(uid).pw_dir)
+    except KeyError:
+        return None
+
+
+def private_runtime_dir(uid: int | None = None, runtime_root: Path = RUNTIME_ROOT) -> Path | None:
+    """Where the fallback sockets of `uid` live: `/run/user/<uid>/clagd` when that runtime
+    directory (made by logind, in a folder only root writes) is owned by `uid` and closed to
+    others, else `<home>/.clagd/run` when the home directory is; None when neither is.
+
+    Chosen from the uid alone, never from the environment: a client without
+    `$XDG_RUNTIME_DIR` (cron, sudo) finds the socket the daemon bound, and no folder that
+    another user could create first (`/tmp/clagd-<uid>`) is ever used.
+    """
+    uid = os.getuid() if uid is None else uid
+    if _private_to(runtime_root / str(uid), uid):
+        return runtime_root / str(uid) / "clagd"
+    home = _home_of(uid)
+    if home is not None and home.is_absolute() and _private_to(home, uid):
+        return home / ".clagd" / "run"
+    return None
+
+
+def store_owner(store: str | os.PathLike[str]) -> int:
+    """The uid a daemon serving `store` runs as: the store's owner (ours when unreadable)."""
+    try:
+        return os.stat(store).st_uid
+    except OSError:
+        return os.getuid()
+
+
+def socket_path_candidates(store: str | os.PathLike[str]) -> list[Path]:
     """Where the default socket of `store` may live, preferred first.
 
     `<store>/.clagd/clagd.sock` when it fits in an AF_UNIX address; otherwise a short name
-    derived from a hash of the store's absolute path, under `$XDG_RUNTIME_DIR/clagd/` (when
-    set) and then `/tmp/clagd-<uid>/`. Both fallbacks are listed because a client and a
-    server started from different environments (cron, sudo, a systemd unit with PrivateTmp)
-    may disagree on `$XDG_RUNTIME_DIR`.
+    derived from a hash of the store's absolute path in the private runtime directory
+    (`private_runtime_dir`) of the store's owner, then in ours (a daemon binds in its own).
     """
-    env = os.environ if env is None else env
     root = Path(store).expanduser().resolve()
     preferred = root / ".clagd" / "clagd.sock"
     if fits_af_unix(preferred):
         return [preferred]
     name = _short_name(root)
-    out = []
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime):
-        out.append(Path(runtime) / "clagd" / name)
-    out.append(Path(f"/tmp/clagd-{os.getuid()}") / name)
+    out: list[Path] = []
+    for uid in dict.fromkeys((store_owner(root), os.getuid())):
+        directory = private_runtime_dir(uid)
+        if directory is not None and fits_af_unix(directory / name):
+            out.append(directory / name)
+    if not out:
+        raise errors.StoreError(
+            f"{preferred}: too long for a socket ({len(os.fsencode(str(preferred)))} bytes, at "
+            f"most {MAX_SOCKET_PATH}), and no private runtime directory to put one in "
+            f"({RUNTIME_ROOT}/{os.getuid()} or a home directory closed to others): set "
+            "server.socket in clagd.yaml to a path in a private directory"
+        )
     return out
 
 
@@ -127,16 +177,17 @@ def fits_af_unix(path: str | os.PathLike[str]) -> bool:
     return len(os.fsencode(str(path))) <= MAX_SOCKET_PATH
 
 
-def default_socket_path(
-    store: str | os.PathLike[str], env: Mapping[str, str] | None = None
-) -> Path:
-    """The default socket path a daemon serving `store` binds (deterministic for an env)."""
-    return socket_path_candidates(store, env)[0]
+def default_socket_path(store: str | os.PathLike[str]) -> Path:
+    """The default socket path a daemon of our uid binds for `store` (deterministic)."""
+    candidates = socket_path_candidates(store)
+    ours = private_runtime_dir()
+    mine = [p for p in candidates if ours is not None and p.parent == ours]
+    return (mine or candidates)[0]
 
 
-def find_socket_path(store: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Path:
+def find_socket_path(store: str | os.PathLike[str]) -> Path:
     """The default candidate that exists, else the first: what a client connects to."""
-    candidates = socket_path_candidates(store, env)
+    candidates = socket_path_candidates(store)
     for path in candidates:
         if path.exists():
             return path
@@ -144,14 +195,12 @@ def find_socket_path(store: str | os.PathLike[str], env: Mapping[str, str] | Non
 
 
 def prepare_socket_dir(path: str | os.PathLike[str]) -> None:
-    """Create the socket's directory (mode 0700) before binding; refuse a foreign one.
+    """Create the socket's directory (mode 0700) before binding; refuse an unsafe one.
 
-    Only a directory clagd owns is ever chmodded: the store's `.clagd/`, one it creates
-    here, or its own fallbacks (`/tmp/clagd-<uid>`, `$XDG_RUNTIME_DIR/clagd`), which must
-    belong to us and not be open to others, or another user could plant a socket. A
-    configured socket in any other directory (`server.socket: ../x.sock`) leaves that
-    directory's mode alone; one that others may write into without the sticky bit (they
-    could replace the socket) is refused.
+    The store's `.clagd/`, our private runtime directory and any directory created here
+    are made 0700. Any other directory (a configured `server.socket`, `--socket`) must
+    belong to us (or root) and be closed to writes by others, the sticky `/tmp` included:
+    there another user could plant a socket, or replace ours, and answer for clagd.
     """
     directory = Path(path).parent
     created = not directory.exists()
@@ -161,20 +210,39 @@ def prepare_socket_dir(path: str | os.PathLike[str]) -> None:
         raise errors.StoreError(f"{directory}: not a directory (socket directory)")
     if directory.name == ".clagd":
         return
-    ours = created or directory.name == "clagd" or directory.name.startswith("clagd-")
-    if st.st_uid != os.getuid() and ours:
+    if st.st_uid not in (os.getuid(), 0):
         raise errors.StoreError(
-            f"{directory}: owned by uid {st.st_uid}, not by us; refusing to put the socket there"
+            f"{directory}: owned by {user_name(st.st_uid)}, not by us; "
+            "refusing to put the socket there (another user could answer for clagd)"
         )
-    if ours:
+    if created or directory == private_runtime_dir():
         if st.st_mode & 0o077:
             os.chmod(directory, 0o700)
         return
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+    if st.st_mode & 0o022:
         raise errors.StoreError(
-            f"{directory}: other users may write there (and replace the socket); "
+            f"{directory}: other users may write there (and plant or replace the socket); "
             "choose a private directory for server.socket"
         )
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a connected Unix socket (SO_PEERCRED;
+    None where the platform has none)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def user_name(uid: int) -> str:
+    """`uid 1001 (eve)`: a uid as messages name it."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 # --------------------------------------------------------------------------- replies

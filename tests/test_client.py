@@ -30,6 +30,8 @@ from clagd.client import (
     prepare_socket_dir,
     socket_path_candidates,
 )
+from clagd.errors import StoreError
+from clagd.protocol import private_runtime_dir, resolve_socket
 
 QUERY_RESULT = {
     "memories": [
@@ -393,38 +395,38 @@ def test_default_socket_path_in_store(tmp_path: Path) -> None:
     assert socket_path_candidates(store) == [default_socket_path(store)]
 
 
-def test_long_store_path_falls_back_to_short_deterministic_path(tmp_path: Path) -> None:
+def test_long_store_path_falls_back_to_a_private_runtime_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = tmp_path / ("x" * 60) / ("deep-store-name-" * 4)
-    env = {"XDG_RUNTIME_DIR": "/run/user/1234"}
-    path = default_socket_path(store, env)
-    assert path.parent == Path("/run/user/1234/clagd")
-    assert path.name.startswith("deep-store-name-")
-    assert path.suffix == ".sock"
+    path = default_socket_path(store)
+    assert path.parent == private_runtime_dir() and not path.is_relative_to("/tmp")
+    assert path.name.startswith("deep-store-name-") and path.suffix == ".sock"
     assert len(os.fsencode(str(path))) <= MAX_SOCKET_PATH
-    assert default_socket_path(store, env) == path
-    assert default_socket_path(Path(os.path.relpath(store)), env) == path
-    other = default_socket_path(store.with_name("other"), env)
-    assert other != path
-    no_xdg = default_socket_path(store, {})
-    assert no_xdg.parent == Path(f"/tmp/clagd-{os.getuid()}")
-    assert no_xdg.name == path.name
-    assert socket_path_candidates(store, env) == [path, no_xdg]
+    assert default_socket_path(Path(os.path.relpath(store))) == path
+    assert default_socket_path(store.with_name("other")) != path
+    # the same in every environment: a cron job or sudo without XDG_RUNTIME_DIR finds it
+    for runtime in (str(tmp_path), "/run/user/1234", None):
+        if runtime is None:
+            monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+        else:
+            monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+        assert socket_path_candidates(store) == [path] == [find_socket_path(store)]
+        assert resolve_socket(store) == path == resolve_socket(store, binding=True)
 
 
-def test_find_socket_path_prefers_existing_candidate(tmp_path: Path) -> None:
-    store = tmp_path / ("y" * 120)
-    runtime = tmp_path / "run"
-    runtime.mkdir()
-    env = {"XDG_RUNTIME_DIR": str(runtime)}
-    first, second = socket_path_candidates(store, env)
-    assert find_socket_path(store, env) == first
-    # a daemon started without XDG_RUNTIME_DIR bound the /tmp fallback: the client finds it
-    prepare_socket_dir(second)
-    second.touch()
-    try:
-        assert find_socket_path(store, env) == second
-    finally:
-        second.unlink()
+def test_runtime_directory_is_used_only_when_private(tmp_path: Path) -> None:
+    uid = os.getuid()
+    runtime = tmp_path / "user" / str(uid)
+    runtime.mkdir(parents=True, mode=0o700)
+    assert private_runtime_dir(uid, tmp_path / "user") == runtime / "clagd"
+    runtime.chmod(0o777)  # anyone could plant a socket there: the home directory instead
+    assert private_runtime_dir(uid, tmp_path / "user") != runtime / "clagd"
+    runtime.chmod(0o700)
+    if uid == 0:
+        os.chown(runtime, 65534, -1)  # another user's
+        assert private_runtime_dir(uid, tmp_path / "user") != runtime / "clagd"
+    assert private_runtime_dir(uid, tmp_path / "missing") != runtime / "clagd"
 
 
 def test_prepare_socket_dir_makes_private_directory(tmp_path: Path) -> None:
@@ -432,12 +434,31 @@ def test_prepare_socket_dir_makes_private_directory(tmp_path: Path) -> None:
     prepare_socket_dir(target)
     mode = stat.S_IMODE(target.parent.stat().st_mode)
     assert mode == 0o700
-    target.parent.chmod(0o777)
-    prepare_socket_dir(target)
-    assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
     store_sock = tmp_path / "store" / ".clagd" / "clagd.sock"
     prepare_socket_dir(store_sock)
     assert store_sock.parent.is_dir()
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])
+def test_prepare_socket_dir_refuses_a_directory_others_may_write(tmp_path: Path, mode: int) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(StoreError, match="other users may write there"):
+        prepare_socket_dir(shared / "s.sock")
+    with pytest.raises(StoreError, match="^/tmp: other users may write there"):
+        prepare_socket_dir(Path("/tmp/clagd-test.sock"))  # the sticky /tmp itself
+    assert not Path("/tmp/clagd-test.sock").exists()
+
+
+def test_prepare_socket_dir_refuses_another_users_directory(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to give a directory to another uid")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(StoreError, match="owned by uid 65534.*not by us"):
+        prepare_socket_dir(theirs / "s.sock")
 
 
 def test_for_store_uses_default_socket(tmp_path: Path) -> None:

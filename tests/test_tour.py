@@ -40,7 +40,7 @@ def normalise(text: str, workdir: str) -> list[str]:
     for line in text.replace(workdir, README_DIR).splitlines():
         for rx, sub in _MASKS:
             line = rx.sub(sub, line)
-        if line.startswith("rejected at ") or line.startswith("<commit> "):
+        if line.startswith(("rejected at ", "# rejected at ", "<commit> ")):
             line = _RUN_TIME.sub("<time>", line)  # when it ran; memory times stay exact
         lines.append(line.rstrip())
     return lines

@@ -9,6 +9,7 @@ for `settle_seconds`. A file that cannot become memories goes to `inbox/rejected
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 from clagd.errors import InboxRejected
 from clagd.model import iso_utc, normalize_content, parse_time
+from clagd.protocol import user_name
 from clagd.yamlio import YamlError, loads
 
 log = logging.getLogger("clagd.inbox")
@@ -351,26 +353,122 @@ class InboxTracker:
         return ready, waiting
 
 
-def reject(inbox: Path, name: str, reason: str) -> Path:
+@dataclass(frozen=True)
+class Rejection:
+    """Where a rejected file went; `refused`: why inbox/rejected/ was not used ("" when it
+    was)."""
+
+    path: Path
+    refused: str = ""
+
+
+def reject(inbox: Path, name: str, reason: str) -> Rejection:
     """Move a file to inbox/rejected/ (never over another) with `<name>.error` beside it.
-    A symlink in place of inbox/rejected/ is replaced by a real folder: rejected files
-    never leave the store."""
-    rejected = inbox / "rejected"
-    if rejected.is_symlink() or (rejected.exists() and not rejected.is_dir()):
-        log.warning("inbox/rejected is not a folder (a symlink?): replacing it with one")
-        rejected.unlink()
-    rejected.mkdir(mode=0o700, exist_ok=True)
-    target = rejected / name
-    n = 1
-    while target.exists() or (rejected / (target.name + ".error")).exists():
-        stem, dot, suffix = name.rpartition(".")
-        target = rejected / (f"{stem}.{n}.{suffix}" if dot else f"{name}.{n}")
-        n += 1
-    os.replace(inbox / name, target)
-    (rejected / (target.name + ".error")).write_text(
-        f"{reason}\nrejected at {iso_utc()}\n",
-        encoding="utf-8",
-    )
+
+    Every step goes through directory descriptors opened with O_NOFOLLOW and the .error file
+    is created with O_EXCL, so no link another account planted in a shared inbox is followed.
+    A symlink in place of rejected/ is replaced by a real folder; a rejected/ owned by
+    another account is not used: the file goes to the store's private `.clagd/rejected/`
+    and `refused` says why (the daemon reports it in status).
+    """
+    inbox_fd = os.open(inbox, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        rejected, refused = _rejected_dir(inbox, inbox_fd)
+        try:
+            target = _free_name(rejected, name)
+            os.rename(name, target, src_dir_fd=inbox_fd, dst_dir_fd=rejected)
+            _write_new(rejected, target + ".error", error_text(reason))
+        finally:
+            os.close(rejected)
+    finally:
+        os.close(inbox_fd)
     # %r: a newline in a file name cannot forge a log line
     log.warning("rejected inbox file %r: %r", name, reason)
+    where = (inbox.parent / ".clagd" / "rejected") if refused else (inbox / "rejected")
+    return Rejection(where / target, refused)
+
+
+def error_text(reason: str) -> str:
+    """The .error file: every line a comment, no control character, so that no shell (or
+    other interpreter) that is made to read it runs any of the input it quotes."""
+    readable = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in reason)
+    return f"# {readable}\n# rejected at {iso_utc()}\n"
+
+
+def _rejected_dir(inbox: Path, inbox_fd: int) -> tuple[int, str]:
+    """A descriptor of inbox/rejected/ (made 0700 when missing), or of `.clagd/rejected/`
+    with the reason when the former belongs to another account."""
+    fd = _private_subdir(inbox_fd, "rejected")
+    owner = os.fstat(fd).st_uid
+    if owner == os.getuid():
+        return fd, ""
+    os.close(fd)
+    refused = (
+        f"{inbox / 'rejected'} is owned by {user_name(owner)}, not by the daemon: not used; "
+        f"rejected files go to {inbox.parent / '.clagd' / 'rejected'}"
+    )
+    log.error("%s", refused)
+    store_fd = os.open(inbox.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        runtime = _private_subdir(store_fd, ".clagd")
+    finally:
+        os.close(store_fd)
+    try:
+        fd = _private_subdir(runtime, "rejected")
+    finally:
+        os.close(runtime)
+    if os.fstat(fd).st_uid != os.getuid():
+        os.close(fd)
+        raise PermissionError(f"{inbox.parent / '.clagd' / 'rejected'}: not ours")
+    return fd, refused
+
+
+def _private_subdir(parent_fd: int, name: str) -> int:
+    """Open (creating it 0700) the folder `name` in `parent_fd`, never through a link: a
+    symlink or file in its place is replaced by a real folder."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(3):
+        try:
+            fd = os.open(name, flags, dir_fd=parent_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            log.warning("%s is not a folder (a symlink?): replacing it with one", name)
+            os.unlink(name, dir_fd=parent_fd)
+        else:
+            st = os.fstat(fd)
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.fchmod(fd, 0o700)  # ours, but open to others: they could plant links
+            return fd
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    raise OSError(errno.EAGAIN, f"{name}: replaced again and again while being made")
+
+
+def _free_name(dir_fd: int, name: str) -> str:
+    """`name`, or `stem.N.suffix`: a name taken neither by a file nor by its .error."""
+    target, n = name, 1
+    while _exists(dir_fd, target) or _exists(dir_fd, target + ".error"):
+        stem, dot, suffix = name.rpartition(".")
+        target = f"{stem}.{n}.{suffix}" if dot else f"{name}.{n}"
+        n += 1
     return target
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _write_new(dir_fd: int, name: str, text: str) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -123,6 +123,7 @@ class InboxStatus:
     files_ingested: int
     files_read_ahead: int
     files_rejected: int
+    rejected_refused: str  # why inbox/rejected/ was not used (another account's folder)
     failures: int
     last_error: str
     paused: str
@@ -155,6 +156,7 @@ class InboxWatcher:
         self._passing = False  # a pass runs, or one that handled files just ended
         self.files_ingested = 0
         self.files_rejected = 0
+        self.rejected_refused = ""  # why inbox/rejected/ was not used (another's folder)
         self.failures = 0
         self.consecutive_failures = 0
         self.last_error = ""
@@ -235,6 +237,7 @@ class InboxWatcher:
             self.files_ingested,
             self.read_ahead,
             self.files_rejected,
+            self.rejected_refused,
             self.failures,
             self.last_error,
             self.paused,
@@ -482,7 +485,7 @@ class InboxWatcher:
 
     def _reject(self, name: str, reason: str) -> None:
         try:
-            reject(self.inbox, name, reason)
+            self.rejected_refused = reject(self.inbox, name, reason).refused
             self.files_rejected += 1
         except OSError as exc:
             log.error("cannot move %s to rejected/: %s", name, exc)

@@ -13,7 +13,6 @@ import math
 import os
 import socket
 import socketserver
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +21,14 @@ from typing import Any
 
 from clagd.engine.core import Engine
 from clagd.errors import BadRequest, ClagdError, GitFailed, StoreError
-from clagd.protocol import QueryParams, error_reply, fits_af_unix, ok_reply, prepare_socket_dir
+from clagd.protocol import (
+    QueryParams,
+    error_reply,
+    fits_af_unix,
+    ok_reply,
+    peer_uid,
+    prepare_socket_dir,
+)
 
 log = logging.getLogger("clagd.server")
 
@@ -128,15 +134,6 @@ def _strict(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_strict(v) for v in obj]
     return obj
-
-
-def peer_uid(sock: socket.socket) -> int | None:
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except (OSError, AttributeError):
-        return None
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
 
 
 class _ConnHandler(socketserver.StreamRequestHandler):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clagd.errors import ClagdError
-from clagd.protocol import resolve_socket
+from clagd.protocol import RUNTIME_ROOT, resolve_socket
 
 __all__ = [
     "EX_CONFIG",
@@ -220,9 +220,7 @@ def plan_unit(
     argv = [exe] if isinstance(exe, str) else list(exe or default_exe())
     if socket_path is None:
         if user:
-            runtime = f"/run/user/{os.getuid()}"
-            env = {"XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR") or runtime}
-            socket_path = resolve_socket(root, env=env, binding=True)
+            socket_path = resolve_socket(root, env={}, binding=True)
         else:
             socket_path = SYSTEM_SOCKET_DIR / f"{name.removeprefix(UNIT_PREFIX)}.sock"
     return UnitPlan(root, name, argv, Path(socket_path), user)
@@ -232,9 +230,7 @@ def _socket_dir_settings(plan: UnitPlan) -> tuple[list[str], str]:
     """Settings that make the socket's folder writable in the sandbox: (RuntimeDirectory=
     lines, an extra ReadWritePaths= item or "")."""
     sock, sock_dir = plan.socket, plan.socket.parent
-    runtime_root = Path(
-        (os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") if plan.user else "/run"
-    )
+    runtime_root = RUNTIME_ROOT / str(os.getuid()) if plan.user else Path("/run")
     if sock.is_relative_to(plan.root):
         return [], ""  # inside the store: writable through ReadWritePaths
     if sock_dir.is_relative_to(runtime_root) and sock_dir != runtime_root:
