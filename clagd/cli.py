@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -18,7 +19,13 @@ from clagd import __version__
 from clagd.client import Client
 from clagd.config import BackendKind
 from clagd.errors import ClagdError, DaemonNotRunning
-from clagd.protocol import MAX_MEMORIES_LIMIT, SOCKET_ENV, resolve_socket, store_path
+from clagd.protocol import (
+    MAX_MEMORIES_LIMIT,
+    SOCKET_ENV,
+    resolve_socket,
+    store_owner,
+    store_path,
+)
 from clagd.serve.units import EX_CONFIG
 
 # Exit statuses (`clagd --help` lists them): scripts tell "start the daemon" apart from
@@ -60,7 +67,7 @@ class Ctx:
     def client(self, timeout: float | None = 30.0) -> Client:
         if not self.socket:
             self.require_store()
-        return Client(self.socket_path(), timeout=timeout)
+        return Client(self.socket_path(), timeout=timeout, owner=store_owner(self.store))
 
     def require_store(self) -> None:
         """A mistyped --store says so, rather than "no daemon running", with advice that
@@ -97,11 +104,28 @@ json_option = click.option(
 )
 
 
+# C0 controls but newline and tab, DEL and C1 controls: what a terminal acts on
+_TERMINAL_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character a terminal would act on (ESC starting an OSC 52
+    clipboard write or ESC[2J, BEL, CR, C1's CSI) written as `\\u001b`: visible, inert,
+    and the same escape JSON uses, so --json output stays valid and loses nothing."""
+    return _TERMINAL_CONTROL_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def echo(text: str = "", err: bool = False) -> None:
+    """Every line the CLI prints goes through here (`terminal_safe`), on a terminal or not:
+    stored text may come from anyone who could commit or drop a file."""
+    click.echo(terminal_safe(text), err=err)
+
+
 def _emit(data: Any, as_json: bool, text: str | None = None) -> None:
     if as_json:
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+        echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
     elif text is not None:
-        click.echo(text)
+        echo(text)
 
 
 class _Group(click.Group):
@@ -112,10 +136,10 @@ class _Group(click.Group):
             msg = str(exc)
             if exc.code == "not_running" and isinstance(ctx.obj, Ctx):
                 msg = _not_running_message(ctx.obj, msg)
-            click.echo(f"clagd: {msg}", err=True)
+            echo(f"clagd: {msg}", err=True)
             sys.exit(_EXIT_BY_CODE.get(exc.code or "", EXIT_ERROR))
         except OSError as exc:  # e.g. a store of another user: one line, not a traceback
-            click.echo(f"clagd: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            echo(f"clagd: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
             sys.exit(EXIT_ERROR)
 
 
@@ -190,7 +214,7 @@ def init(c: Ctx, path: str | None, force: bool) -> None:
     from clagd.store.files import init_store
 
     root, created = init_store(Path(path) if path else c.store, force=force)
-    click.echo(f"{'created' if created else 'already a store:'} {root}")
+    echo(f"{'created' if created else 'already a store:'} {root}")
 
 
 @main.command()
@@ -221,7 +245,7 @@ def run(c: Ctx, path: str | None, log_level: str) -> None:
         d = Daemon(store, Path(c.socket) if c.socket else None)
     except ConfigError as exc:
         # a distinct status, so that systemd does not restart a daemon that cannot start
-        click.echo(f"clagd: {exc}", err=True)
+        echo(f"clagd: {exc}", err=True)
         sys.exit(EXIT_BAD_CONFIG)
     sys.exit(d.run())
 
@@ -569,7 +593,7 @@ def status(c: Ctx, as_json: bool) -> None:
     if s.get("outside_edit_error"):
         lines.append(f"ATTENTION  outside edit rejected: {s['outside_edit_error']}")
     lines += _attention(s)
-    click.echo("\n".join(lines))
+    echo("\n".join(lines))
 
 
 def _query_process_lines(qp: dict[str, Any], uptime: float) -> list[str]:
@@ -611,6 +635,8 @@ def _attention(s: dict[str, Any]) -> list[str]:
         )
     for w in (s.get("privacy") or {}).get("warnings", []):
         out.append(f"PRIVACY    {w}")
+    if (s.get("inbox") or {}).get("rejected_refused"):
+        out.append(f"INBOX      {s['inbox']['rejected_refused']}")
     if s.get("ignored_files"):
         out.append(f"IGNORED    {', '.join(s['ignored_files'][:5])} (not memory files)")
     gc = s.get("git_gc") or {}
@@ -926,7 +952,7 @@ def install_service(
     from clagd.serve.units import install_service_command
 
     install_service_command(
-        c.store, user, dest, click.echo, socket_activation=socket_activation, force=force
+        c.store, user, dest, echo, socket_activation=socket_activation, force=force
     )
 
 
@@ -959,9 +985,9 @@ def model_install(name: str, parts_dir: str | None) -> None:
     from clagd.slm.install import install, spec_for
 
     spec = spec_for(name)
-    path = install(spec, parts_dir=Path(parts_dir) if parts_dir else None, say=click.echo)
-    click.echo(str(path))
-    click.echo(
+    path = install(spec, parts_dir=Path(parts_dir) if parts_dir else None, say=echo)
+    echo(str(path))
+    echo(
         f"use it: backend.kind: llamacpp and backend.llamacpp.model_path: {path} in "
         f"clagd.yaml (or CLAGD_GGUF={path})"
     )
@@ -974,7 +1000,7 @@ def model_list() -> None:
 
     for spec in MODELS.values():
         path = installed(spec)
-        click.echo(f"{spec.name:<20} {spec.size:>15,} bytes  {path or 'not installed'}")
+        echo(f"{spec.name:<20} {spec.size:>15,} bytes  {path or 'not installed'}")
 
 
 if __name__ == "__main__":  # python -m clagd.cli

@@ -17,7 +17,10 @@ from typing import Any
 
 MEMORY_ID_RE = re.compile(r"^m-[0-9a-f]{16}$")
 CLUSTER_ID_RE = re.compile(r"^c-[0-9a-f]{8,32}$")
-_WS_RE = re.compile(r"\s+")
+# whitespace, C0 and C1 control characters (ESC, BEL, CR, ...) and DEL: runs of them are
+# one space in stored text, so none can start a context line or drive a terminal
+_WS_RE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def iso_utc(when: datetime | float | None = None) -> str:
@@ -39,8 +42,18 @@ def now_iso() -> str:
 
 
 def normalize_content(content: str) -> str:
-    """NFC, whitespace collapsed, stripped: what two copies of one memory share."""
+    """NFC, whitespace and control characters collapsed to one space, stripped: what two
+    copies of one memory share."""
     return _WS_RE.sub(" ", unicodedata.normalize("NFC", content)).strip()
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and control characters (newline, ESC, BEL, ...) collapsed to
+    one space: what a name, tag or content read from a file may hold. Returned as it is
+    (one regex search) when there are none."""
+    if _CONTROL_RE.search(text) is None:
+        return text
+    return _WS_RE.sub(" ", text).strip()
 
 
 def memory_id(content: str) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from clagd.config import Config, IngestConfig, RetrievalConfig
-from clagd.model import Cluster, Memory, parse_epoch
+from clagd.model import Cluster, Memory, one_line, parse_epoch
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.timeline import Timeline
 from clagd.text import estimate_tokens, tokenize
@@ -1445,7 +1445,8 @@ class Index:
 
 
 def _line(h: Hit) -> str:
-    return f"[Memory · {h.cluster_name}] {h.memory.content}"
+    # one line whatever a model named the cluster (files are made one-line when read)
+    return f"[Memory · {one_line(h.cluster_name)}] {one_line(h.memory.content)}"
 
 
 def format_context(hits: list[Hit]) -> str:

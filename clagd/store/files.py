@@ -16,7 +16,15 @@ from importlib import resources
 from pathlib import Path
 
 from clagd.errors import StoreError
-from clagd.model import CLUSTER_ID_RE, MEMORY_ID_RE, Cluster, Memory, memory_id, new_id
+from clagd.model import (
+    CLUSTER_ID_RE,
+    MEMORY_ID_RE,
+    Cluster,
+    Memory,
+    memory_id,
+    new_id,
+    one_line,
+)
 from clagd.store.durable import atomic_write_text
 from clagd.yamlio import YamlError, block_list_texts, dumps, list_items, load_yaml_file, loads
 
@@ -212,7 +220,7 @@ def _load_cluster(path: Path, errors: list[str], text: str | None = None) -> Clu
         data = load_yaml_file(path) if text is None else loads(text)
         if not isinstance(data, dict):
             raise ValueError("not a mapping")
-        c = Cluster.from_dict(data)
+        c = _one_line_cluster(Cluster.from_dict(data))
     except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         errors.append(f"{path.name}: {exc}")
         return None
@@ -230,10 +238,25 @@ def _load_shard(path: Path, errors: list[str], text: str | None = None) -> list[
         data = load_yaml_file(path) if text is None else loads(text)
         if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
             raise ValueError("expected a mapping with a 'memories' list")
-        return [Memory.from_dict(m) for m in data["memories"]]
+        return _one_line_memories([Memory.from_dict(m) for m in data["memories"]])
     except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         errors.append(f"{path.name}: {exc}")
         return None
+
+
+def _one_line_cluster(c: Cluster) -> Cluster:
+    """Whatever wrote the file (a hand edit, a pull, an import), no newline or control
+    character of a name, description, tag or content reaches a context line or a terminal."""
+    c.name, c.description = one_line(c.name), one_line(c.description)
+    c.tags = [one_line(t) for t in c.tags]
+    _one_line_memories(c.memories)
+    return c
+
+
+def _one_line_memories(mems: list[Memory]) -> list[Memory]:
+    for m in mems:
+        m.content = one_line(m.content)
+    return mems
 
 
 # a memory's YAML text as a list item, and what it was made from: (content, created_at,
