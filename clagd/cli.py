@@ -275,7 +275,7 @@ def follow(c: Ctx, remote: str, path: str, branch: str, log_level: str) -> None:
     try:
         d = Daemon(dest, Path(c.socket) if c.socket else None, follow=remote)
     except ConfigError as exc:
-        click.echo(f"clagd: {exc}", err=True)
+        echo(f"clagd: {exc}", err=True)
         sys.exit(EXIT_BAD_CONFIG)
     sys.exit(d.run())
 
