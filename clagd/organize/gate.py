@@ -7,7 +7,7 @@ cached in `<store>/.clagd/gate/`. Four tasks, each compared with what clagd does
 model on the same items:
 
 - route:    file new memories into existing clusters (or NEW); accuracy against the
-            reference, versus the lexical router (term overlap weighted by IDF).
+            reference, versus the lexical router (the index's own BM25, `lexical_route`).
 - organize: the real session prompt on unsorted memories; the plan must be sound (it
             parses and passes `validate_plan`), copy nothing from the prompt's examples, and
             its grouping (pairwise F1 against the reference) must beat the lexical
@@ -49,6 +49,7 @@ from clagd.organize.plan_checks import validate_plan
 from clagd.organize.plan_parse import parse_plan
 from clagd.organize.plan_schema import Aliases, build_schema
 from clagd.organize.prompts import load_prompt, organize_messages
+from clagd.organize.similarity import ClusterScores
 from clagd.slm.base import Backend
 from clagd.text import tokenize
 from clagd.yamlio import load_yaml_file
@@ -60,7 +61,8 @@ TASKS = ("route", "organize", "name", "judge")
 JUDGE_MIN_AUC = 0.75
 # how the gate scores (part of the cache key: a verdict scored another way is measured again)
 # 2: the naming baseline names the reference groups (was the one lexical cluster's name)
-SCORING = 2
+# 3: the routing baseline is the index's BM25 (was IDF-weighted term overlap)
+SCORING = 3
 NEW = "NEW"
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=timezone.utc)
 
@@ -135,12 +137,14 @@ def _profile(c: Cluster) -> str:
     return " ".join([c.name, c.description, *(m.content for m in c.memories)])
 
 
-def lexical_route(text: str, clusters: list[Cluster], min_score: float = 1.0) -> str:
-    """The lexical router's choice: the cluster sharing the most (IDF-weighted) terms, or
-    NEW when none shares enough."""
-    ranked = overlap_rank(text, [_profile(c) for c in clusters])
-    score, i = ranked[0]
-    return clusters[i].name if score >= min_score else NEW
+def lexical_route(text: str, clusters: list[Cluster]) -> str:
+    """The lexical router's choice, scored by the index's own BM25 (`ClusterScores`: an
+    index of these clusters, asked as a query asks it): the best cluster, or NEW when
+    none matches at all. (The store's absolute `route_min_score` is never reached over a
+    scene's five clusters, so only "no match" means NEW.)"""
+    scores = ClusterScores({c.id: c for c in clusters}).scores(text)
+    best = max(clusters, key=lambda c: scores.get(c.id, 0.0))
+    return best.name if scores.get(best.id, 0.0) > 0 else NEW
 
 
 def pair_f1(pred: Mapping[str, str], truth: Mapping[str, Any]) -> float:

@@ -57,6 +57,26 @@ def test_the_lexical_naming_baseline_reaches_the_score(fake: FakeOllama) -> None
     assert res.tasks["name"].lexical == 1.0
 
 
+def test_the_lexical_router_is_the_index_bm25() -> None:
+    """The gate's routing baseline asks the index's BM25 (as queries and the session's
+    checks do): its best cluster, NEW only when no cluster matches at all."""
+    from clagd.organize.gate import NEW, lexical_route, load_gate_set
+    from clagd.organize.similarity import ClusterScores
+
+    scene = load_gate_set()[0][0]
+    scores = ClusterScores({c.id: c for c in scene.clusters})
+    for text, _truth in scene.probes:
+        got = lexical_route(text, scene.clusters)
+        s = scores.scores(text)
+        top = max(s.values(), default=0.0)
+        assert (
+            got == NEW
+            if top <= 0
+            else s[next(c.id for c in scene.clusters if c.name == got)] == top
+        )
+    assert lexical_route("zebra quantum xylophone", scene.clusters) == NEW
+
+
 def test_the_cache_key_follows_how_the_gate_scores(fake: FakeOllama, monkeypatch) -> None:
     before = cache_key(_backend(fake), "set", "prompts", 2)
     monkeypatch.setattr(gate, "SCORING", gate.SCORING + 1)
