@@ -148,7 +148,7 @@ def _not_running_message(c: Ctx, msg: str) -> str:
     socket did not answer: a daemon holding the store's lock is running; when the socket
     tried was another one (--socket, $CLAGD_SOCKET), its own is asked before anything is
     said about it."""
-    from clagd.serve.daemon import lock_holder
+    from clagd.store.lock import lock_holder
 
     pid = lock_holder(c.store)
     if pid is None:

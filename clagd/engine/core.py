@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,25 @@ def answer(
     return out, memory_ids, cluster_ids
 
 
+@dataclass(frozen=True)
+class IngestBatch:
+    """The ingest operation's argument: validated items, where they came from, how many
+    inbox files they were read from."""
+
+    items: list[Item]
+    source: str
+    files: int = 0
+
+
+@dataclass(frozen=True)
+class ArchiveRun:
+    """The archive operation's argument: `dry_run` lists what would move; `now` (epoch
+    seconds) stands for the clock in tests."""
+
+    dry_run: bool = False
+    now: float | None = None
+
+
 class Engine:
     def __init__(
         self,
@@ -125,6 +144,7 @@ class Engine:
             prepare=self._prepare_index,
             announce=self._announce_index,
             fragments=self.fragments,
+            on_thread_start=self.hooks.on_thread_start,
         )
         self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
@@ -335,7 +355,7 @@ class Engine:
 
     def ingest(self, items: list[Item], source: str = "inbox", files: int = 0) -> IngestResult:
         try:
-            res: IngestResult = self.writer.call(self._ingest_op, items, source, files)
+            res: IngestResult = self.writer.call(self._ingest_op, IngestBatch(items, source, files))
         except Exception:
             self.counters["ingest_failures"] += 1
             raise
@@ -349,23 +369,21 @@ class Engine:
                 self._threshold("memories")
         return res
 
-    def _ingest_op(
-        self, ctx: WriteContext, items: list[Item], source: str, files: int
-    ) -> IngestResult:
+    def _ingest_op(self, ctx: WriteContext, batch: IngestBatch) -> IngestResult:
         # Take in an outside change first (a hand edit, a user's commit): routing a memory
         # into a cluster rewrites its file, which must not undo an edit not yet noticed.
         self._outside_op(ctx)
         res = ingest_items(
             ctx,
-            items,
+            batch.items,
             self._route,
-            source,
-            files,
+            batch.source,
+            batch.files,
             self.known,
             self.outside.blocked,
             route_limit=self.config.ingest.route_inline_max,
         )
-        self.routes.ingested(res.shard if res.deferred else None, source)
+        self.routes.ingested(res.shard if res.deferred else None, batch.source)
         if self.routes and self.hooks.on_route_waiting is not None:
             self.hooks.on_route_waiting(self.routes.quiet_seconds)
         if res.deferred and res.shard:
@@ -526,7 +544,7 @@ class Engine:
             outside_edit_error=self.outside.error,
             recovery=tuple(self.notes),
             branch=self.git.branch,
-            paused=self.writer.paused or self.git.pause_reason(locks=False) or "",
+            paused=self.writer.branch.paused or self.git.pause_reason(locks=False) or "",
             git_gc=self.packer.status(),
             ignored_files=tuple(self.ignored.files()),
             history=self.writer.history_status(),
@@ -546,7 +564,7 @@ class Engine:
             raise BadRequest("'n' must be an integer from 1 to 10000")
         entries = tuple(LogEntry.of(c) for c in self.git.log(n))
         # moves of the branch made outside clagd that took memories out of HEAD
-        return Log(entries, tuple(self.writer.history.recent(n)))
+        return Log(entries, tuple(self.writer.branch.history.recent(n)))
 
     # -- history ------------------------------------------------------------------------
     def revert(self, ref: str) -> Reverted:
@@ -589,11 +607,11 @@ class Engine:
 
     # -- archive ----------------------------------------------------------------------
     def archive(self, dry_run: bool = False, now: float | None = None) -> Archived:
-        result: Archived = self.writer.call(self._archive_op, dry_run, now)
+        result: Archived = self.writer.call(self._archive_op, ArchiveRun(dry_run, now))
         return result
 
-    def _archive_op(self, ctx: WriteContext, dry_run: bool, now: float | None) -> Archived:
-        out = archive.archive_cold(ctx, self.stats, self.config.archive, dry_run, now)
+    def _archive_op(self, ctx: WriteContext, run: ArchiveRun) -> Archived:
+        out = archive.archive_cold(ctx, self.stats, self.config.archive, run.dry_run, run.now)
         if not out.dry_run:
             self.counters["archived"] += len(out.clusters)
         return out

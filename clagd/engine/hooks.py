@@ -67,3 +67,6 @@ class EngineHooks:
     # the files): a copy of the index may make its next snapshot now, to serve it only once
     # `on_index` brings the same change object (a commit that fails brings none)
     on_index_prepare: Callable[[IndexChange], None] | None = None
+    # called first on each thread the engine starts (the writer and its git thread): the
+    # daemon registers them as organizing threads (`serve/priority.py`)
+    on_thread_start: Callable[[], None] | None = None

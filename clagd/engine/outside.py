@@ -103,7 +103,7 @@ class OutsideEdits:
             if sha and removed and head:
                 # memories deleted by hand (or by a git command of the person's): reported
                 # like a rewrite, never silent
-                ctx.w.history.record(head, sha, removed, False, "edit committed by clagd")
+                ctx.w.branch.history.record(head, sha, removed, False, "edit committed by clagd")
         ctx.adopt(candidate, changes)
         self._clear()
         log.info(
@@ -117,7 +117,7 @@ class OutsideEdits:
         """Memories the person edited by hand and committed (noted when the move of the
         branch was taken in) get the id of their content: their files are rewritten, so
         they are dirty below and committed by the daemon as an edit."""
-        edited, before = ctx.w.take_reidentify()
+        edited, before = ctx.w.branch.take_reidentify()
         if edited:
             fix_identities(self.root, edited, before)
 

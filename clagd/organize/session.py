@@ -3,8 +3,8 @@
 The session never touches the store directly. Everything that reads or changes it runs as an
 operation on the single writer, through one callable:
 
-    submit(op, *args) -> concurrent.futures.Future      # writer.submit
-    op(ctx, *args)  runs on the writer thread, with ctx a `store.writer.WriteContext`:
+    submit(op, arg) -> concurrent.futures.Future        # writer.submit
+    op(ctx, arg)    runs on the writer thread (`arg` one frozen dataclass: `ApplyPlan`, ...), with ctx a `store.writer.WriteContext`:
         ctx.state                                        # store.StoreState
         ctx.touch_cluster(cid) / ctx.touch_shard(name)   # before changing a file
         ctx.commit(subject, body, trailers) -> sha | None
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clagd.session")
 
-Submit = Callable[..., "Future[Any]"]  # writer.submit: (op, *args) -> Future
+Submit = Callable[..., "Future[Any]"]  # writer.submit: (op, arg) -> Future
 SessionStatus = Literal["accepted", "rolled_back", "fallback", "failed", "noop"]
 # how one attempt ended: its plan kept, rejected (try the next), or a revert git refused
 Verdict = Literal["kept", "rejected", "conflict"]
@@ -106,8 +106,74 @@ def new_session_id() -> str:
 # -- writer ops ---------------------------------------------------------------------------
 
 
-def _snapshot_op(ctx: WriteContext, size: int, access: Mapping[str, int] | None) -> Snapshot:
-    return take_snapshot(ctx.state, size, access)
+@dataclass(frozen=True)
+class Sample:
+    """`_snapshot_op`'s argument: how many memories to sample, and their access counts."""
+
+    size: int
+    access: Mapping[str, int] | None
+
+
+@dataclass(frozen=True)
+class PlanCommit:
+    """How a plan's commit is described: the session, the plan's label in the subject, the
+    trailers, the seed of the checks it picks, and notes for the body."""
+
+    sid: str
+    label: str
+    trailers: dict[str, Any]
+    seed: int = 0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApplyProposal:
+    """`_apply_op`'s argument: a proposal, made into a plan on the writer."""
+
+    proposal: Proposal
+    commit: PlanCommit
+
+
+@dataclass(frozen=True)
+class ApplyPlan:
+    """`_apply_plan_op`'s argument: a plan for the sampled memories, the share of its
+    assignments to check (0: a lexical plan, not measured), and its commit."""
+
+    plan: Plan
+    sampled: list[str]
+    check_fraction: float
+    commit: PlanCommit
+
+
+@dataclass(frozen=True)
+class RevertCommit:
+    """`_revert_op`'s argument: the commit to revert and the revert's subject and trailers."""
+
+    sha: str
+    subject: str
+    trailers: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Record:
+    """`_record_op`'s argument: an empty commit's subject, body and trailers."""
+
+    subject: str
+    body: str
+    trailers: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SizePolicy:
+    """`_size_policy_op`'s argument: the session, its trailers and its settings."""
+
+    sid: str
+    trailers: dict[str, Any]
+    cfg: SessionConfig
+
+
+def _snapshot_op(ctx: WriteContext, sample: Sample) -> Snapshot:
+    return take_snapshot(ctx.state, sample.size, sample.access)
 
 
 @dataclass
@@ -156,38 +222,20 @@ def _commit_text(
     return subject, "\n".join(body)
 
 
-def _apply_op(
-    ctx: WriteContext,
-    proposal: Proposal,
-    sid: str,
-    label: str,
-    trailers: dict[str, Any],
-    seed: int,
-    notes: list[str],
-) -> ApplyResult:
+def _apply_op(ctx: WriteContext, arg: ApplyProposal) -> ApplyResult:
     """Make the proposal's plan against the state as it is now, and apply it."""
-    made = proposal.make(ctx.state)
+    made = arg.proposal.make(ctx.state)
     if made is None:
         return ApplyResult()
     plan, sampled = made
-    return _apply_plan_op(
-        ctx, plan, sampled, sid, label, trailers, proposal.check_fraction, seed, notes
-    )
+    return _apply_plan_op(ctx, ApplyPlan(plan, sampled, arg.proposal.check_fraction, arg.commit))
 
 
-def _apply_plan_op(
-    ctx: WriteContext,
-    plan: Plan,
-    sampled: list[str],
-    sid: str,
-    label: str,
-    trailers: dict[str, Any],
-    check_fraction: float,
-    seed: int,
-    extra_notes: list[str] | None = None,
-) -> ApplyResult:
+def _apply_plan_op(ctx: WriteContext, arg: ApplyPlan) -> ApplyResult:
     """Validate, apply, commit, check the invariants (revert at once when they fail), and
     pick the assignments to check."""
+    plan, sampled, check_fraction, how = arg.plan, arg.sampled, arg.check_fraction, arg.commit
+    sid, trailers = how.sid, how.trailers
     state = ctx.state
     res = ApplyResult()
     # memories removed from the store meanwhile are no longer part of the sample
@@ -212,7 +260,7 @@ def _apply_plan_op(
         or old_names.get(cid) not in (None, state.clusters[cid].name)
     ]
     subject, body = _commit_text(
-        plan, state, sid, label, len(present), applied.notes + (extra_notes or [])
+        plan, state, sid, how.label, len(present), applied.notes + list(how.notes)
     )
     res.sha = ctx.commit(subject, body, trailers)
     res.invariant_problems = check_invariants(
@@ -221,15 +269,17 @@ def _apply_plan_op(
     if res.invariant_problems and res.sha:
         res.revert_sha = _revert_op(
             ctx,
-            res.sha,
-            f"revert: session {sid} broke an invariant: {res.invariant_problems[0]}",
-            {**trailers, "kind": "revert", "reason": "invariant", "status": "rolled_back"},
+            RevertCommit(
+                res.sha,
+                f"revert: session {sid} broke an invariant: {res.invariant_problems[0]}",
+                {**trailers, "kind": "revert", "reason": "invariant", "status": "rolled_back"},
+            ),
         )
         return res
     final = {mid: applied.created.get(ref, ref) for mid, ref in plan.assign.items()}
     if baseline is not None:  # a model's plan: the index's BM25 of the clusters now
         scored = ClusterScores(state.clusters)
-        res.checks = pick_checks(state, final, check_fraction, random.Random(seed), scored)
+        res.checks = pick_checks(state, final, check_fraction, random.Random(how.seed), scored)
         baseline.compare(state, final, sorted(applied.changed), res, scored)
     return res
 
@@ -273,12 +323,12 @@ class _Baseline:
         res.retrieval_problem = retrievability_problem(b, a, notes)
 
 
-def _revert_op(ctx: WriteContext, sha: str, subject: str, trailers: dict[str, Any]) -> str:
+def _revert_op(ctx: WriteContext, arg: RevertCommit) -> str:
     """`git revert` a session commit. If git made the revert commit but re-reading the files
     it touched failed, the whole state is reloaded from disk, so it matches HEAD."""
-    head = ctx.git.head()
+    head, sha = ctx.git.head(), arg.sha
     try:
-        return str(ctx.revert(sha, subject, trailers))
+        return str(ctx.revert(sha, arg.subject, arg.trailers))
     except StoreError:
         new = ctx.git.head()
         if new == head:
@@ -288,21 +338,21 @@ def _revert_op(ctx: WriteContext, sha: str, subject: str, trailers: dict[str, An
         return str(new)
 
 
-def _size_policy_op(
-    ctx: WriteContext, sid: str, trailers: dict[str, Any], cfg: SessionConfig
-) -> ApplyResult:
-    state = ctx.state
+def _size_policy_op(ctx: WriteContext, arg: SizePolicy) -> ApplyResult:
+    state, cfg = ctx.state, arg.cfg
     plan = size_policy(state, cfg.max_cluster_size, cfg.merge_similarity, cfg.min_cluster_size)
     if plan is None:
         return ApplyResult()
     sampled = list(plan.assign)
-    return _apply_plan_op(ctx, plan, sampled, sid, "size policy", trailers, 0.0, 0)
+    return _apply_plan_op(
+        ctx, ApplyPlan(plan, sampled, 0.0, PlanCommit(arg.sid, "size policy", arg.trailers))
+    )
 
 
-def _record_op(ctx: WriteContext, subject: str, body: str, trailers: dict[str, Any]) -> str | None:
+def _record_op(ctx: WriteContext, arg: Record) -> str | None:
     """An empty commit that records a session's failure, so `git log` / `clagd log` show it
     even when nothing in the store changed."""
-    return ctx.record(subject, body, trailers)
+    return ctx.record(arg.subject, arg.body, arg.trailers)
 
 
 # -- the session -------------------------------------------------------------------------
@@ -366,7 +416,7 @@ class _Session:
         return {**t, "backend": b.name, "model": b.model, **extra}
 
     def run(self, access: Mapping[str, int] | None) -> SessionOutcome:
-        snap: Snapshot = self.submit(_snapshot_op, self.cfg.sample_size, access).result()
+        snap: Snapshot = self.submit(_snapshot_op, Sample(self.cfg.sample_size, access)).result()
         self.out.sampled = len(snap.sample)
         if not snap.sample:
             self.out.reasons.append("nothing to organize")
@@ -411,9 +461,8 @@ class _Session:
         except (BackendError, PlanError) as exc:
             out.reasons.append(f"{tag.who}{exc}")
             return "rejected", None
-        res: ApplyResult = self.submit(
-            _apply_op, proposal, self.sid, tag.label, trailers, seed, notes or []
-        ).result()
+        how = PlanCommit(self.sid, tag.label, trailers, seed, tuple(notes or ()))
+        res: ApplyResult = self.submit(_apply_op, ApplyProposal(proposal, how)).result()
         out.commits += res.commits
         if res.problems:
             out.reasons.append(f"{tag.who}plan rejected: {'; '.join(res.problems[:4])}")
@@ -460,9 +509,11 @@ class _Session:
         try:
             rsha = self.submit(
                 _revert_op,
-                res.sha,
-                f"revert: session {self.sid}: validation error rate {rate:.0%}",
-                self.trailers("revert", reason="validation", status="rolled_back"),
+                RevertCommit(
+                    res.sha,
+                    f"revert: session {self.sid}: validation error rate {rate:.0%}",
+                    self.trailers("revert", reason="validation", status="rolled_back"),
+                ),
             ).result()
         except Conflict as exc:
             # a later commit (an ingest routed into a new cluster) touched the same files:
@@ -498,7 +549,7 @@ class _Session:
         subject = f"session: {self.sid} {status.replace('_', ' ')}: the SLM plan was not kept"
         try:
             sha = self.submit(
-                _record_op, subject, body, self.trailers("session", status=status)
+                _record_op, Record(subject, body, self.trailers("session", status=status))
             ).result()
         except Exception as exc:  # noqa: BLE001 - the outcome still reports the failure
             log.warning("could not record session %s in git: %s", self.sid, exc)
@@ -508,7 +559,7 @@ class _Session:
 
     def size_policy(self) -> None:
         res: ApplyResult = self.submit(
-            _size_policy_op, self.sid, self.trailers(policy="size"), self.cfg
+            _size_policy_op, SizePolicy(self.sid, self.trailers(policy="size"), self.cfg)
         ).result()
         self.out.commits += res.commits
         if res.problems or res.invariant_problems:

@@ -133,7 +133,7 @@ class Follower:
 
     def _move(self, fetched: Fetched) -> None:
         rewrite = not fetched.contains_ours
-        self.engine.writer.call(self._move_op, fetched.commit, rewrite)
+        self.engine.writer.call(self._move_op, fetched)
         self.state.moves += 1
         if rewrite:
             # what the rewrite removed must not stay in objects, reflogs or the warm start
@@ -142,8 +142,9 @@ class Follower:
             self.engine.save_warmstart()
             log.info("followed a rewrite of %s to %s", self.remote.remote, fetched.commit[:10])
 
-    def _move_op(self, ctx: WriteContext, commit: str, rewrite: bool) -> None:
-        self.remote.move_to(commit)
+    def _move_op(self, ctx: WriteContext, fetched: Fetched) -> None:
+        rewrite = not fetched.contains_ours
+        self.remote.move_to(fetched.commit)
         ctx.w.sync()  # the move, taken in as any outside commit (and published)
         if rewrite:
             # a whole new index: an incremental one keeps the removed memories' slots and

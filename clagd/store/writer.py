@@ -16,62 +16,55 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from clagd.errors import Conflict, HeadMoved, Paused, ReadOnly, StoreError
 from clagd.libc import syncfs
-from clagd.model import Cluster, Memory
+from clagd.model import Memory
+from clagd.store.changes import DATA_DIRS, Changes, read_changes
 from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
 from clagd.store.files import (
-    ARCHIVE,
-    CLUSTERS,
-    UNSORTED,
     Fragments,
     Paths,
     StoreState,
     cluster_yaml,
     load_state,
-    memories_in,
     read_files,
     shard_yaml,
 )
+from clagd.store.following import BranchFollower
 from clagd.store.gitrepo import GitStore, blob_id
-from clagd.store.history import HistoryLog, HistoryStatus, removed_between
+from clagd.store.history import HistoryStatus
+
+__all__ = ["DATA_DIRS", "Changes", "WriteContext", "Writer", "read_changes"]
 
 log = logging.getLogger("clagd.writer")
-DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
 TXN_FILE = "clagd-txn"
 # an operation whose commit found the branch moved is retried this often (after a reload)
 MOVED_RETRIES = 5
 
 
-@dataclass
-class Changes:
-    """What one commit changed, in the terms the index needs."""
+R = TypeVar("R")
+A = TypeVar("A")
+NO_ARG: Any = object()  # an operation submitted without an argument
 
-    upsert_clusters: list[Cluster] = field(default_factory=list)
-    remove_clusters: list[str] = field(default_factory=list)
-    add_unsorted: list[Memory] = field(default_factory=list)
-    remove_unsorted: list[str] = field(default_factory=list)
-    archive_changed: bool = False
-    full: bool = False
-    commit: str | None = None
-    reloaded: bool = False  # taken in from outside (the set of stored ids may have shrunk)
+
+@dataclass(frozen=True)
+class _Queued:
+    """An operation waiting for the writer thread, with its one argument (or none)."""
+
+    op: Callable[..., Any]
+    arg: Any  # NO_ARG: the operation takes none
+    future: Future[Any]
+
+    def run(self, ctx: WriteContext) -> Any:
+        return self.op(ctx) if self.arg is NO_ARG else self.op(ctx, self.arg)
 
     @property
-    def empty(self) -> bool:
-        return not (
-            self.reloaded
-            or self.upsert_clusters
-            or self.remove_clusters
-            or self.add_unsorted
-            or self.remove_unsorted
-            or self.archive_changed
-            or self.full
-            or self.commit
-        )
+    def name(self) -> str:
+        return str(getattr(self.op, "__name__", self.op))
 
 
 class WriteContext:
@@ -293,27 +286,6 @@ class WriteContext:
         self.w.publish(Changes(full=True, commit=self.w.git.head()))
 
 
-def read_changes(
-    root: Path, base: StoreState, rel_paths: list[str], texts: dict[str, str] | None = None
-) -> tuple[StoreState, Changes]:
-    """`read_files`, plus the index changes that take `base` to the new state. `texts`: the
-    files as a commit holds them, instead of the working tree (see `parse_files`)."""
-    state, upd = read_files(root, base, rel_paths, texts)
-    changes = Changes(archive_changed=bool(upd.archive))
-    for cid, c in upd.clusters.items():
-        if c is None:
-            changes.remove_clusters.append(cid)
-        else:
-            changes.upsert_clusters.append(c)
-    for name in upd.shards:
-        before = {m.id for m in base.unsorted.get(name, [])}
-        after_list = state.unsorted.get(name, [])
-        after = {m.id for m in after_list}
-        changes.add_unsorted.extend(m for m in after_list if m.id not in before)
-        changes.remove_unsorted.extend(sorted(before - after))
-    return state, changes
-
-
 @dataclass(frozen=True)
 class WriterStatus:
     """The writer thread: alive, operations queued, commits made, operations failed."""
@@ -335,6 +307,7 @@ class Writer:
         prepare: Callable[[Changes, StoreState], Any] | None = None,
         announce: Callable[[Changes, StoreState], None] | None = None,
         fragments: Fragments | None = None,
+        on_thread_start: Callable[[], None] | None = None,
     ) -> None:
         self.paths = Paths(Path(root))
         # the store's cache of its memories' file texts (`files.Fragments`)
@@ -350,10 +323,13 @@ class Writer:
         # are written (the query processes make their next snapshot meanwhile); it must not
         # touch git or the files, and a failure of the commit after it sends nothing more
         self.announce = announce
-        # git's commit runs on this thread while the writer thread prepares (started by the
-        # writer thread, it is as nice as the writer; its name is one lower_priority knows)
-        self._git_thread = ThreadPoolExecutor(1, thread_name_prefix="clagd-writer-git")
-        self._q: queue.Queue[tuple[Callable[..., Any], tuple, dict, Future] | None] = queue.Queue()
+        # called first on the writer thread and its git thread (the daemon nices them)
+        self.on_thread_start = on_thread_start
+        # git's commit runs on this thread while the writer thread prepares
+        self._git_thread = ThreadPoolExecutor(
+            1, thread_name_prefix="clagd-writer-git", initializer=self._thread_started
+        )
+        self._q: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
         self.commits = 0
@@ -361,31 +337,11 @@ class Writer:
         self.failures = 0
         self.last_error = ""
         self._needs_restore = False
-        self.paused = ""  # why writes wait now (empty: they do not)
+        self.branch = BranchFollower(self.paths.root, git)  # the person's git
         # a follower's writer never commits: why not (the primary's remote), "" on a primary
         self.read_only = ""
-        self.outside_moves = 0  # moves of the branch taken in (reset, rebase, a person's commit)
         self.moved_retries = 0  # commits retried after the branch moved under them
-        # files of a move of the branch that hold memories edited by hand and committed by
-        # the person (an old id on new content), and each such id's content before: the
-        # engine gives them the id of their content in an edit commit (engine/identity.py)
-        self.reidentify: dict[str, str] = {}
-        self.reidentify_paths: set[str] = set()
-        self.history = HistoryLog(git.gitdir)
-        self._check_moved_while_stopped()
         git.base = git.head()  # the commit the loaded working tree is on
-
-    def _check_moved_while_stopped(self) -> None:
-        """A move of the branch made while no daemon ran (or before it noticed) that took
-        memories out of HEAD is reported like one seen while running."""
-        prev, now = self.git.saved_base(), self.git.branch_head()
-        if prev is None or now is None or prev == now:
-            return
-        removed = removed_between(self.paths.root, prev, now)
-        if removed:
-            self.history.record(
-                prev, now, removed, not self.git.is_ancestor(prev, now), "at start-up"
-            )
 
     def check_writable(self) -> None:
         """Refuse every commit of a follower's (its history is the primary's)."""
@@ -407,19 +363,29 @@ class Writer:
             self._thread.join(timeout)
         self._git_thread.shutdown(wait=False)
 
-    def submit(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Future:
-        fut: Future = Future()
+    @overload
+    def submit(self, op: Callable[[WriteContext], R]) -> Future[R]: ...
+    @overload
+    def submit(self, op: Callable[[WriteContext, A], R], arg: A) -> Future[R]: ...
+    def submit(self, op: Callable[..., Any], arg: Any = NO_ARG) -> Future[Any]:
+        """Queue `op(ctx)` or `op(ctx, arg)`: an operation takes at most one argument, a
+        small frozen dataclass when it needs more than one value."""
+        fut: Future[Any] = Future()
         if self._stopping:
             fut.set_exception(StoreError("the daemon is shutting down"))
             return fut
-        self._q.put((fn, args, kw, fut))
+        self._q.put(_Queued(op, arg, fut))
         return fut
 
-    def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    @overload
+    def call(self, op: Callable[[WriteContext], R]) -> R: ...
+    @overload
+    def call(self, op: Callable[[WriteContext, A], R], arg: A) -> R: ...
+    def call(self, op: Callable[..., Any], arg: Any = NO_ARG) -> Any:
         """Submit and wait. On the writer thread itself, run inline (no deadlock)."""
         if threading.current_thread() is self._thread:
-            return fn(WriteContext(self), *args, **kw)
-        return self.submit(fn, *args, **kw).result()
+            return _Queued(op, arg, Future()).run(WriteContext(self))
+        return self.submit(op, arg).result()
 
     def pending(self) -> int:
         return self._q.qsize()
@@ -433,7 +399,7 @@ class Writer:
     def history_status(self) -> HistoryStatus:
         """The `history` section of `status`: what the history log recorded, and the moves
         of the branch this writer took in."""
-        return self.history.status(self.outside_moves, self.moved_retries)
+        return self.branch.history.status(self.branch.outside_moves, self.moved_retries)
 
     # -- transaction marker: tells start-up that a change was half-written ----------
     @property
@@ -479,12 +445,17 @@ class Writer:
             self.on_change(changes, self.state, prepared)
 
     # -- the thread ------------------------------------------------------------------
+    def _thread_started(self) -> None:
+        if self.on_thread_start is not None:
+            self.on_thread_start()
+
     def _run(self) -> None:
+        self._thread_started()
         while True:
             item = self._q.get()
             if item is None:
                 return
-            fn, args, kw, fut = item
+            fut = item.future
             if not fut.set_running_or_notify_cancel():
                 continue
             ctx = WriteContext(self)
@@ -493,9 +464,9 @@ class Writer:
                     # an earlier rollback failed (disk full, read-only store): the state may
                     # hold a change that is not in HEAD; nothing runs on it until restored
                     self._restore_all()
-                result = self._attempt(fn, ctx, args, kw)
+                result = self._attempt(item, ctx)
             except Paused as exc:
-                self.paused = str(exc)  # shown in status until a write goes through
+                self.branch.paused = str(exc)  # shown in status until a write goes through
                 # writes wait for the person; what this operation wrote goes back to HEAD
                 if ctx.touched or self.txn_file.exists():
                     self._rollback_worktree(ctx.touched_paths())
@@ -503,23 +474,21 @@ class Writer:
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 self.failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("write operation %s failed: %s", getattr(fn, "__name__", fn), exc)
+                log.error("write operation %s failed: %s", item.name, exc)
                 if not self._needs_restore and (ctx.touched or self.txn_file.exists()):
                     self._rollback_worktree(ctx.touched_paths())
                 fut.set_exception(exc)
             else:
                 fut.set_result(result)
 
-    def _attempt(
-        self, fn: Callable[..., Any], ctx: WriteContext, args: tuple, kw: dict[str, Any]
-    ) -> Any:
+    def _attempt(self, item: _Queued, ctx: WriteContext) -> Any:
         """Run one operation on a view equal to the branch's HEAD. When its commit finds the
         branch moved meanwhile (the compare-and-swap failed: nothing was committed), its files
         go back to HEAD, the new HEAD is loaded and the operation runs again."""
         for attempt in range(MOVED_RETRIES + 1):
             self.sync()
             try:
-                return fn(ctx, *args, **kw)
+                return item.run(ctx)
             except HeadMoved as exc:
                 if attempt == MOVED_RETRIES:
                     raise
@@ -533,63 +502,11 @@ class Writer:
 
     def sync(self) -> None:
         """Before any write: refuse (Paused) while the person's git holds the store, and take
-        in a move of the branch that the daemon did not make."""
-        reason = self.git.pause_reason(wait=True)
-        if reason:
-            self.paused = reason
-            raise Paused(reason)
-        head = self.git.branch_head()
-        if head != self.git.base:
-            self._reload_from(head)
-        self.paused = ""
-
-    def _reload_from(self, head: str | None) -> None:
-        old = self.git.base
-        removed = removed_between(self.paths.root, old, head) if old else None
-        try:
-            if old is not None and head is not None and removed is not None:
-                changed = sorted(set(self.git.changed_between(old, head, DATA_DIRS)))
-                # from the new commit's objects, not the working tree: a git command of the
-                # person's may be rewriting (or have just restored) the files, and a state
-                # read from such a passing tree is never read again (served != HEAD)
-                texts = self.git.texts_at(head, changed)
-                state, changes = read_changes(self.paths.root, self.state, changed, texts)
-                self._note_edited(state, changed)
-            else:  # unknown or pruned history: everything
-                state, changes = load_state(self.paths.root), Changes(full=True)
-            self.git.check_not_paused()  # no git command of the person's ran meanwhile
-            if self.git.branch_head() != head:
-                raise Paused("the branch moved again while clagd read it; it reads it again")
-        except StoreError as exc:
-            self.paused = (
-                f"HEAD ({str(head)[:10]}) holds an invalid store: {exc}; fix it with a commit "
-                f"or git reset (writes resume by themselves)"
-            )
-            raise Paused(self.paused) from None
-        self.state = state
-        self.git.base = head
-        self.outside_moves += 1
-        if removed and old is not None:
-            rewrite = head is None or not self.git.is_ancestor(old, head)
-            self.history.record(old, head, removed, rewrite, "while running")
-        log.info("branch moved outside clagd (%s -> %s): reloaded", str(old)[:10], str(head)[:10])
-        changes.commit = head
-        changes.reloaded = True
-        self.publish(changes)
-
-    def _note_edited(self, state: StoreState, changed: list[str]) -> None:
-        """Remember the files of a move whose memories keep an old id on new content."""
-        before = {m.id: m.content for m in memories_in(self.state, changed)}
-        for rel in changed:
-            if any(before.get(m.id, m.content) != m.content for m in memories_in(state, [rel])):
-                self.reidentify_paths.add(rel)
-                self.reidentify.update(before)
-
-    def take_reidentify(self) -> tuple[list[str], dict[str, str]]:
-        """The files noted by `_note_edited` since the last call, and the contents before."""
-        paths, known = sorted(self.reidentify_paths), self.reidentify
-        self.reidentify_paths, self.reidentify = set(), {}
-        return paths, known
+        in a move of the branch that the daemon did not make (`store/following.py`)."""
+        moved = self.branch.sync(self.state)
+        if moved is not None:
+            self.state, changes = moved
+            self.publish(changes)
 
     def _rollback_worktree(self, rel_paths: list[str]) -> None:
         """Put the files a failed operation touched back to HEAD and re-read exactly those

@@ -77,8 +77,8 @@ def test_revert_that_would_store_a_memory_twice_is_refused(store: Path) -> None:
     eng = Engine(store)
     try:
         a, b, c = _three_clusters(eng)
-        first = eng.writer.call(_move, a, b, 0)
-        eng.writer.call(_move, b, c, -1)
+        first = eng.writer.call(lambda ctx: _move(ctx, a, b, 0))
+        eng.writer.call(lambda ctx: _move(ctx, b, c, -1))
         head = git(store, "rev-parse", "HEAD")
         with pytest.raises(Conflict, match="twice|also in"):
             eng.revert(first)
@@ -95,7 +95,7 @@ def test_revert_that_would_store_a_memory_twice_is_refused(store: Path) -> None:
 def test_a_revert_killed_half_way_is_discarded(store: Path) -> None:
     eng = Engine(store)
     a, b, _c = _three_clusters(eng)
-    sha = eng.writer.call(_move, a, b, 0)
+    sha = eng.writer.call(lambda ctx: _move(ctx, a, b, 0))
     eng.close()
     head = git(store, "rev-parse", "HEAD")
     # what a kill between `git revert --no-commit` and the commit leaves behind
