@@ -680,7 +680,7 @@ def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
         with c.client() as cl:
             res = cl.call("log", n=n)
     except DaemonNotRunning:
-        from clagd.serve.daemon import lock_holder
+        from clagd.store.lock import lock_holder
 
         if c.socket or lock_holder(c.store) is not None:
             raise  # a daemon was named, or one runs: say what is wrong with it

@@ -133,8 +133,15 @@ class InboxStatus:
 
 
 class InboxWatcher:
-    def __init__(self, inbox: Path, cfg: InboxConfig, ingest: IngestFn) -> None:
+    def __init__(
+        self,
+        inbox: Path,
+        cfg: InboxConfig,
+        ingest: IngestFn,
+        on_thread_start: Callable[[], None] | None = None,
+    ) -> None:
         self.inbox = Path(inbox).resolve()
+        self.on_thread_start = on_thread_start  # called first on the watcher's thread
         self.cfg = cfg
         self.ingest = ingest
         self.tracker = InboxTracker(self.inbox, cfg.settle_seconds, cfg.open_max_seconds)
@@ -291,6 +298,8 @@ class InboxWatcher:
             self._backlog_done.set()
 
     def _run(self) -> None:
+        if self.on_thread_start is not None:
+            self.on_thread_start()
         busy = False
         while not self._stop.is_set():
             if not busy:

@@ -7,7 +7,6 @@ writer finish and commit, remove the socket, release the lock, exit 0.
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import logging
 import os
@@ -23,7 +22,7 @@ from clagd.config import Config, load_config
 from clagd.engine.core import Engine
 from clagd.engine.hooks import EngineHooks
 from clagd.engine.results import Scheduled, Status
-from clagd.errors import BadRequest, ClagdError, ReadOnly, StoreLocked
+from clagd.errors import BadRequest, ClagdError, ReadOnly
 from clagd.ingest.watcher import InboxStatus, InboxWatcher
 from clagd.libc import malloc_trim
 from clagd.organize.session import SessionOutcome, engine_session_runner
@@ -37,12 +36,8 @@ from clagd.serve.follow import (
     follow_prepare,
     read_only_message,
 )
-from clagd.serve.queryproc import (
-    CountingDispatcher,
-    QueryProcesses,
-    QueryProcessesStatus,
-    lower_priority,
-)
+from clagd.serve.priority import OrganizingThreads
+from clagd.serve.queryproc import CountingDispatcher, QueryProcesses, QueryProcessesStatus
 from clagd.serve.reconfig import ConfigReloader
 from clagd.serve.replicate import Replicator
 from clagd.serve.scheduler import Activity, Scheduler
@@ -52,6 +47,7 @@ from clagd.slm.manager import BackendManager, BackendStatus
 from clagd.store.files import PRIVATE_UMASK, Paths, PrivacyStatus, init_store
 from clagd.store.follow import RemoteBranch
 from clagd.store.gitrepo import GitStore
+from clagd.store.lock import StoreLock
 
 log = logging.getLogger("clagd")
 
@@ -65,64 +61,6 @@ def release_free_memory() -> bool:
 
 
 SWITCH_INTERVAL = 0.0005  # seconds; CPython's default is 0.005
-
-LOCK_FILE = "clagd.lock"  # in .git/: `git clean -fdx` and `rm -rf .clagd` leave it alone
-
-
-class StoreLock:
-    """One daemon per store: an flock on `.git/clagd.lock`. The kernel drops it when the
-    process dies, so a lock left by a killed daemon never blocks a restart; and it lives in
-    `.git/`, which no cleaning of the working tree removes, so a second daemon can never
-    start beside a running one whose runtime folder was deleted."""
-
-    def __init__(self, store: Path) -> None:
-        self.path = Path(store) / ".git" / LOCK_FILE
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                other = os.read(fd, 32).decode().strip()
-            except OSError:
-                other = "?"
-            os.close(fd)
-            raise StoreLocked(
-                f"another clagd daemon (pid {other or '?'}) is running on this store"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self.fd)
-                self.fd = None
-
-
-def lock_holder(store: Path) -> int | None:
-    """The pid of the daemon holding the store's lock, or None when no daemon does (so a
-    "not running" message can be checked before it is printed)."""
-    path = Path(store) / ".git" / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = os.read(fd, 32).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 class Daemon:
@@ -161,6 +99,7 @@ class Daemon:
         self._route_timer_lock = threading.Lock()
         self.watchdog: sdnotify.Watchdog | None = None
         self.queryprocs: QueryProcesses | None = None
+        self.organizing = OrganizingThreads()  # the threads `server.background_nice` nices
         self._internal: SocketServer | None = None
 
     # -- the competence gate ------------------------------------------------------------
@@ -231,7 +170,10 @@ class Daemon:
             self.replicator.start()
         self.server = self._server(eng)
         self.watcher = InboxWatcher(
-            self.paths.inbox, cfg.inbox, lambda items, files: eng.ingest(items, "inbox", files)
+            self.paths.inbox,
+            cfg.inbox,
+            lambda items, files: eng.ingest(items, "inbox", files),
+            on_thread_start=self.organizing.enter,
         )
         # a burst's route pass starts once the inbox is empty, if no file came meanwhile
         self.watcher.on_drained = self._route_if_due
@@ -244,6 +186,7 @@ class Daemon:
             archive_hours=cfg.archive.interval_hours,
             housekeeping_seconds=max(0.5, cfg.inbox.rescan_seconds),
             backend_seconds=cfg.backend.recheck_seconds,
+            on_thread_start=self.organizing.enter,
         )
         # the start-up scan happens in the watcher's first pass, before READY=1
         self.watcher.start()
@@ -287,6 +230,7 @@ class Daemon:
             backend_status=self._backend_status,
             on_index=self._publish_index,
             on_index_prepare=self._prepare_index,
+            on_thread_start=self.organizing.enter,
             status={
                 "inbox": self._inbox_status,
                 "query_processes": self._query_status,
@@ -360,7 +304,7 @@ class Daemon:
         self.queryprocs.start()
         # organizing is background work once queries have processes of their own: on a busy
         # CPU the scheduler gives a query the core before the writer, a session or git
-        n = lower_priority(cfg.background_nice)
+        n = self.organizing.lower(cfg.background_nice)
         if n:
             log.info("organizing runs at nice +%d (%d threads)", cfg.background_nice, n)
 

@@ -45,6 +45,18 @@ from clagd.libc import libc
 from clagd.protocol import QueryParams, error_reply
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
+from clagd.serve.control import (
+    Applied,
+    Apply,
+    Commit,
+    Init,
+    Prepare,
+    Queried,
+    Serve,
+    Stop,
+    ToDaemon,
+    ToProcess,
+)
 from clagd.serve.logs import setup_logging
 from clagd.serve.queryproc import COUNTED_KEY
 from clagd.serve.server import Dispatcher, SocketServer, encode_reply
@@ -66,11 +78,11 @@ class Replica:
         self.pending: tuple[IndexChange, Index, Index] | None = None
         self._send_lock = threading.Lock()
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: ToDaemon) -> None:
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
             self.conn.send_bytes(data)
-            if msg[0] == "queried":
+            if isinstance(msg, Queried):
                 self.reported += 1
 
     def prepare(self, change: IndexChange) -> None:
@@ -86,20 +98,20 @@ class Replica:
         self.pending = None
         self.index = made if base is self.index else self.index.apply(change)
         self.version = version
-        self.send(("applied", version))
+        self.send(Applied(version))
 
     def apply(self, version: int, change: IndexChange) -> None:
         self.pending = None  # a change prepared but not committed (its commit failed)
         self.index = self.index.apply(change)
         self.version = version
-        self.send(("applied", version))
+        self.send(Applied(version))
 
     def query(self, params: dict[str, Any]) -> QueryResult:
         t0 = time.perf_counter()
         out, memory_ids, cluster_ids = answer(
             self.index, QueryParams.from_request(params), started=t0
         )
-        self.send(("queried", memory_ids, cluster_ids))
+        self.send(Queried(memory_ids, cluster_ids))
         return out
 
 
@@ -213,12 +225,11 @@ def serve(
 ) -> int:
     """Receive the index, serve on `listener`, apply changes until the channel closes."""
     first = pickle.loads(conn.recv_bytes())
-    if first[0] == "stop":  # the daemon stopped while this process started
+    if isinstance(first, Stop):  # the daemon stopped while this process started
         return 0
-    if first[0] != "init":
-        raise ClagdError(f"expected the index first, got {first[0]!r}")
-    _kind, version, index = first
-    replica = Replica(conn, index, version)
+    if not isinstance(first, Init):
+        raise ClagdError(f"expected the index first, got {type(first).__name__}")
+    replica = Replica(conn, first.index, first.version)
     server = SocketServer(
         None,
         ForwardingDispatcher(replica, daemon_address),
@@ -236,30 +247,33 @@ def serve(
     gc.freeze()
     sys.setswitchinterval(0.0005)  # the control thread's applies yield to queries sooner
     threading.Thread(target=take_connections, args=(handoff, server), daemon=True).start()
-    replica.send(("applied", version))
+    replica.send(Applied(first.version))
     accepting = False
     try:
         while True:
             try:
-                msg = pickle.loads(conn.recv_bytes())
+                msg: ToProcess = pickle.loads(conn.recv_bytes())
             except (EOFError, OSError):
                 return 0  # the daemon is gone or stopping
-            if msg[0] == "stop":
-                return 0
-            if msg[0] == "serve" and not accepting:
-                # the daemon saw this copy catch up with its writer: from now on a query
-                # that reaches this process finds every change the daemon has answered for
-                accepting = True
-                threading.Thread(
-                    target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
-                ).start()
-                log.info("query process %d serving %d memories", os.getpid(), len(replica.index))
-            elif msg[0] == "apply":
-                replica.apply(msg[1], msg[2])
-            elif msg[0] == "prepare":
-                replica.prepare(msg[1])
-            elif msg[0] == "commit":
-                replica.commit(msg[1])
+            match msg:
+                case Stop():
+                    return 0
+                case Serve() if not accepting:
+                    # the daemon saw this copy catch up with its writer: from now on a query
+                    # that reaches this process finds every change the daemon answered for
+                    accepting = True
+                    threading.Thread(
+                        target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+                    ).start()
+                    log.info(
+                        "query process %d serving %d memories", os.getpid(), len(replica.index)
+                    )
+                case Apply(version, change):
+                    replica.apply(version, change)
+                case Prepare(change):
+                    replica.prepare(change)
+                case Commit(version):
+                    replica.commit(version)
     finally:
         if accepting:
             server.shutdown()

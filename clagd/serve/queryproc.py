@@ -16,6 +16,7 @@ that added a memory, or saw it ingested, finds it in the next query wherever it 
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -35,6 +36,17 @@ from clagd.config import ServerConfig
 from clagd.engine.core import Engine
 from clagd.protocol import OMIT_NONE
 from clagd.retrieval.change import IndexChange
+from clagd.serve.control import (
+    Applied,
+    Apply,
+    Commit,
+    Init,
+    Prepare,
+    Queried,
+    Serve,
+    Stop,
+    ToDaemon,
+)
 from clagd.serve.server import Dispatcher
 from clagd.store.writer import WriteContext
 
@@ -44,7 +56,8 @@ RESTART_MIN, RESTART_MAX = 1.0, 60.0  # seconds between restarts of a failing pr
 # a forwarded request's [pid, queries it had reported]: the daemon counts those first, so
 # `status` after a query counts it wherever it was answered
 COUNTED_KEY = "_clagd_counted"
-SERVE = pickle.dumps(("serve",))  # to a process that caught up: accept connections now
+SERVE = pickle.dumps(Serve())  # to a process that caught up: accept connections now
+STOP = pickle.dumps(Stop())
 HANDOFF_MAX = 60_000  # bytes a passed connection may take along (one SEQPACKET message)
 
 
@@ -53,8 +66,9 @@ class ProcessStatus:
     """One query process: its pid, the newest index version it applied, queries answered."""
 
     pid: int | None
-    applied: int
+    applied: int  # -1: it receives no changes (not started, or ending)
     queries: int
+    state: str  # its `ProcState`
 
 
 @dataclass(frozen=True)
@@ -71,21 +85,47 @@ class QueryProcessesStatus:
     last_error: str | None = field(default=None, metadata=OMIT_NONE)
 
 
+class ProcState(enum.Enum):
+    """A query process's life as the daemon sees it (`_Proc.change_state` checks every
+    move against `TRANSITIONS`)."""
+
+    STOPPED = "stopped"  # no process: not started yet, or the daemon stopped it
+    STARTING = "starting"  # spawned; its index is not sent yet
+    CATCHING_UP = "catching_up"  # its index sent, every change queued for it; not serving
+    SERVING = "serving"  # it applied every change published when it caught up: queries go to it
+    REPLACING = "replacing"  # killed to start again at once on a re-created socket
+    BACKOFF = "backoff"  # it ended by itself: started again after a delay
+
+
+S = ProcState
+TRANSITIONS: dict[ProcState, frozenset[ProcState]] = {
+    S.STOPPED: frozenset({S.STARTING}),
+    S.STARTING: frozenset({S.CATCHING_UP, S.REPLACING, S.BACKOFF, S.STOPPED}),
+    S.CATCHING_UP: frozenset({S.SERVING, S.REPLACING, S.BACKOFF, S.STOPPED}),
+    S.SERVING: frozenset({S.REPLACING, S.BACKOFF, S.STOPPED}),
+    S.REPLACING: frozenset({S.STOPPED}),
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPED}),
+}
+RECEIVING = frozenset({S.CATCHING_UP, S.SERVING})  # index changes are queued for it
+
+
+class BadTransition(AssertionError):
+    """A query process was moved to a state its present state does not lead to."""
+
+
 class _Proc:
     """One query process and the channel to it, as seen from the daemon."""
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
+        self.state = ProcState.STOPPED
         self.popen: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
         self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self.applied = -1  # the newest version it has applied (-1: none yet)
-        self.serving = False  # it caught up with the writer once: queries may go to it
-        self.receiving = False  # index changes are queued for it
+        self.applied = 0  # the newest version it has applied (while RECEIVING)
         self.prepared: IndexChange | None = None  # the change it was sent to prepare
         self.queries = 0
-        self.counted = 0  # `queried` messages taken in from this life of the process
-        self.replacing = False  # killed to start again on a re-created socket
+        self.counted = 0  # `Queried` messages taken in from this life of the process
         self.started = 0.0
         self.handoff: socket.socket | None = None  # connections are passed on this
         self.handoff_lock = threading.Lock()
@@ -94,31 +134,22 @@ class _Proc:
     def pid(self) -> int | None:
         return self.popen.pid if self.popen is not None else None
 
+    def change_state(self, new: ProcState, *expected: ProcState) -> ProcState:
+        """Move to `new` (the caller holds `QueryProcesses._cond`); `expected`, when given,
+        are the only states it may come from. Returns the state it left."""
+        old = self.state
+        if (expected and old not in expected) or new not in TRANSITIONS[old]:
+            raise BadTransition(f"query process {self.slot}: {old.name} -> {new.name}")
+        self.state = new
+        return old
 
-# the daemon's threads that organize: the writer (ingest, route pass, session apply, git),
-# the inbox watcher, the scheduler and the pool its jobs (sessions) run in
-BACKGROUND_THREADS = ("clagd-writer", "clagd-inbox", "APScheduler", "ThreadPoolExecutor")
+    @property
+    def receiving(self) -> bool:
+        return self.state in RECEIVING
 
-
-def lower_priority(nice: int) -> int:
-    """Make the daemon's organizing threads (`BACKGROUND_THREADS`) `nice` steps nicer, up
-    to 19; the threads and processes they start later inherit it (Linux nice is per
-    thread). The query processes, the socket threads and the caller's threads keep theirs.
-    Returns how many threads were changed; a failure changes nothing and is logged."""
-    if nice <= 0:
-        return 0
-    done = 0
-    for t in threading.enumerate():
-        tid = t.native_id
-        if tid is None or not t.name.startswith(BACKGROUND_THREADS):
-            continue
-        try:
-            now = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
-            done += 1
-        except OSError as exc:  # a thread that just ended, or a system that refuses
-            log.debug("cannot renice thread %s: %s", tid, exc)
-    return done
+    @property
+    def serving(self) -> bool:
+        return self.state is ProcState.SERVING
 
 
 class CountingDispatcher(Dispatcher):
@@ -170,7 +201,7 @@ class QueryProcesses:
         self._stop = threading.Event()
         self._procs = [_Proc(i) for i in range(count)]
         self._threads: list[threading.Thread] = []
-        self._serving = 0
+        self._told = 0  # how many serve, as the daemon was last told (`on_serving`)
         self._next = 0
 
     # -- the writer's side ------------------------------------------------------------
@@ -182,7 +213,7 @@ class QueryProcesses:
         targets = [p for p in self._procs if p.receiving]
         if not targets:
             return
-        data = pickle.dumps(("prepare", change), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(Prepare(change), protocol=pickle.HIGHEST_PROTOCOL)
         for p in targets:
             p.outbox.put(data)
             p.prepared = change
@@ -197,29 +228,31 @@ class QueryProcesses:
             if not p.receiving:
                 continue
             if p.prepared is change:
-                p.outbox.put(pickle.dumps(("commit", self.version)))
+                p.outbox.put(pickle.dumps(Commit(self.version)))
             else:
                 if not data:
                     data = pickle.dumps(
-                        ("apply", self.version, change), protocol=pickle.HIGHEST_PROTOCOL
+                        Apply(self.version, change), protocol=pickle.HIGHEST_PROTOCOL
                     )
                 p.outbox.put(data)
             p.prepared = None
 
     def _init_op(self, _ctx: WriteContext, p: _Proc) -> None:
         """On the writer thread (no change can be half-applied to the index meanwhile): the
-        current index, then every change after it."""
-        data = pickle.dumps(
-            ("init", self.version, self.engine.index), protocol=pickle.HIGHEST_PROTOCOL
-        )
-        p.outbox.put(data)
-        p.prepared = None
-        p.receiving = True
+        current index, then every change after it. A process replaced meanwhile gets none."""
+        with self._cond:
+            if p.state is not ProcState.STARTING:
+                return
+            p.applied = self.version
+            data = pickle.dumps(Init(self.version, self.engine.index), pickle.HIGHEST_PROTOCOL)
+            p.outbox.put(data)
+            p.prepared = None
+            p.change_state(ProcState.CATCHING_UP)
 
     # -- reads ------------------------------------------------------------------------
     def serving(self) -> int:
         with self._cond:
-            return self._serving
+            return self._count_serving()
 
     def wait_caught_up(self, timeout: float = 30.0) -> bool:
         """Block until every serving process serves the newest index (False: one did not
@@ -247,9 +280,12 @@ class QueryProcesses:
         with self._cond:
             return QueryProcessesStatus(
                 self.count,
-                self._serving,
+                self._count_serving(),
                 self.version,
-                tuple(ProcessStatus(p.pid, p.applied, p.queries) for p in self._procs),
+                tuple(
+                    ProcessStatus(p.pid, p.applied if p.receiving else -1, p.queries, p.state.value)
+                    for p in self._procs
+                ),
                 self.restarts,
                 self.replaced,
                 self.last_error,
@@ -268,10 +304,11 @@ class QueryProcesses:
     def restart_all(self, listener: socket.socket) -> None:
         """The socket was re-created: the processes start again on the new one."""
         self.listener = listener
-        for p in self._procs:
-            if p.popen is not None and p.popen.poll() is None:
-                p.replacing = True
-                p.popen.kill()
+        with self._cond:
+            for p in self._procs:
+                if p.state in (S.STARTING, S.CATCHING_UP, S.SERVING):
+                    p.change_state(S.REPLACING)
+                    self._kill(p)
 
     def stop(self) -> None:
         """Stop every process (each ends when its channel says so, or is killed) and wait
@@ -285,6 +322,10 @@ class QueryProcesses:
             if p.popen is not None and p.popen.poll() is None:
                 p.popen.kill()
                 p.popen.wait(5)
+        with self._cond:  # a process whose thread ended waiting out its restart delay
+            for p in self._procs:
+                if p.state is S.BACKOFF:
+                    p.change_state(S.STOPPED)
 
     def _kill(self, p: _Proc) -> None:
         if p.popen is not None and p.popen.poll() is None:
@@ -293,16 +334,17 @@ class QueryProcesses:
     def _run(self, p: _Proc) -> None:
         failures = 0
         while not self._stop.is_set():
+            with self._cond:
+                p.change_state(S.STARTING, S.STOPPED, S.BACKOFF)
             try:
                 self._one_life(p)
             except Exception as exc:  # noqa: BLE001 - reported, then started again
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.error("query process %d: %s", p.slot, self.last_error)
-            self._ended(p)
+            replaced = self._ended(p)
             if self._stop.is_set():
                 return
-            if p.replacing:  # the socket was re-created: at once, on the new one
-                p.replacing = False
+            if replaced:  # the socket was re-created: at once, on the new one
                 self.replaced += 1
                 continue
             lived = time.monotonic() - p.started
@@ -372,17 +414,18 @@ class QueryProcesses:
         self.engine.writer.call(self._init_op, p)
         while True:
             try:
-                msg = pickle.loads(p.conn.recv_bytes())
+                msg: ToDaemon = pickle.loads(p.conn.recv_bytes())
             except (EOFError, OSError):
                 return
-            if msg[0] == "applied":
-                self._applied(p, msg[1])
-            elif msg[0] == "queried":
-                self.engine.note_query(msg[1], msg[2], True)
-                with self._cond:
-                    p.queries += 1
-                    p.counted += 1
-                    self._cond.notify_all()
+            match msg:
+                case Applied(version):
+                    self._applied(p, version)
+                case Queried(memory_ids, cluster_ids):
+                    self.engine.note_query(memory_ids, cluster_ids, True)
+                    with self._cond:
+                        p.queries += 1
+                        p.counted += 1
+                        self._cond.notify_all()
 
     @staticmethod
     def _send_loop(conn: Connection, outbox: queue.SimpleQueue[bytes | None]) -> None:
@@ -390,7 +433,7 @@ class QueryProcesses:
         while True:
             data = outbox.get()
             try:
-                conn.send_bytes(pickle.dumps(("stop",)) if data is None else data)
+                conn.send_bytes(STOP if data is None else data)
             except OSError:
                 return
             if data is None:
@@ -401,21 +444,39 @@ class QueryProcesses:
             p.applied = version
             # it serves once it has caught up with every change published so far (a change
             # queued behind its initial index would otherwise be missing from its answers)
-            first = not p.serving and version >= self.version
+            first = p.state is S.CATCHING_UP and version >= self.version
             if first:
-                p.serving = True
-                self._serving += 1
+                p.change_state(S.SERVING)
             self._cond.notify_all()
-            n = self._serving
+            n = self._serving_changed()
         if first:
             log.info("query process %d (pid %s) serves", p.slot, p.pid)
             # the daemon stops accepting first (its accept loop must not block in accept()
             # on a connection that a process took), then the process starts accepting
-            self.on_serving(n)
+            if n is not None:
+                self.on_serving(n)
             p.outbox.put(SERVE)
 
-    def _ended(self, p: _Proc) -> None:
-        p.receiving = False
+    def _count_serving(self) -> int:
+        return sum(p.serving for p in self._procs)
+
+    def _serving_changed(self) -> int | None:
+        """How many serve now, if the daemon was told another number (the caller holds
+        `_cond`; it then tells the daemon, outside the lock)."""
+        n = self._count_serving()
+        if n == self._told:
+            return None
+        self._told = n
+        return n
+
+    def _ended(self, p: _Proc) -> bool:
+        """This life of the process is over (it ended, or was killed): no more changes for
+        it, and no more connections; True when it was replaced (started again at once)."""
+        with self._cond:
+            replaced = p.state is S.REPLACING
+            p.change_state(S.STOPPED if replaced or self._stop.is_set() else S.BACKOFF)
+            self._cond.notify_all()
+            n = self._serving_changed()
         p.outbox.put(None)  # ends its sender (and asks the process to stop)
         if p.popen is not None:
             try:
@@ -431,13 +492,6 @@ class QueryProcesses:
             if p.handoff is not None:
                 p.handoff.close()
                 p.handoff = None
-        with self._cond:
-            was = p.serving
-            p.applied = -1
-            p.serving = False
-            if was:
-                self._serving -= 1
-            self._cond.notify_all()
-            n = self._serving
-        if was:
+        if n is not None:
             self.on_serving(n)
+        return replaced

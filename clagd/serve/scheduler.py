@@ -58,6 +58,10 @@ class Activity:
     session_running: bool
 
 
+def _pool_kwargs(on_thread_start: Callable[[], None] | None) -> dict[str, object]:
+    return {} if on_thread_start is None else {"initializer": on_thread_start}
+
+
 class Scheduler:
     def __init__(
         self,
@@ -69,6 +73,7 @@ class Scheduler:
         archive_hours: float,
         housekeeping_seconds: float,
         backend_seconds: float,
+        on_thread_start: Callable[[], None] | None = None,
     ) -> None:
         self._session = session
         _quiet_expected_skips(("default", "session"))
@@ -77,7 +82,11 @@ class Scheduler:
         self._queued = False
         self._running = 0
         self.sched = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(2), "session": ThreadPoolExecutor(1)},
+            # the jobs' threads (sessions, archive, housekeeping) call `on_thread_start` first
+            executors={
+                "default": ThreadPoolExecutor(2, pool_kwargs=_pool_kwargs(on_thread_start)),
+                "session": ThreadPoolExecutor(1, pool_kwargs=_pool_kwargs(on_thread_start)),
+            },
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone=timezone.utc,
         )

@@ -92,6 +92,12 @@ def test_organizing_runs_nicer_than_the_query_processes(daemon: InProcessDaemon)
     assert os.getpriority(os.PRIO_PROCESS, pid) == mine  # the query process: as the caller
     assert daemon.daemon.config.server.background_nice == 10
     assert os.getpriority(os.PRIO_PROCESS, writer) == min(19, mine + 10)
+    # registered where they start: the writer, the inbox watcher, the scheduler's job threads
+    organizing = daemon.daemon.organizing
+    assert len(organizing.threads()) >= 3
+    for t in organizing.threads():
+        if t.native_id is not None:
+            assert os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, mine + 10), t.name
 
 
 def test_ingested_memories_are_found_once_status_says_they_are_in(

@@ -14,6 +14,7 @@ from clagd.engine.core import Engine, answer
 from clagd.engine.hooks import EngineHooks
 from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
+from clagd.serve.control import Applied
 
 QUERIES = ["tea", "garden tomatoes", "meeting monday", "dog walk park", "bike repair", "x"]
 
@@ -107,7 +108,7 @@ class _Channel:
     """The control channel's daemon end, as far as a Replica writes to it."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple] = []
+        self.sent: list[object] = []
 
     def send_bytes(self, data: bytes) -> None:
         self.sent.append(pickle.loads(data))
@@ -143,7 +144,7 @@ def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path:
             replica.apply(version, pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)))
             served.append("apply")
         prepared.clear()
-        assert channel.sent[-1] == ("applied", version)
+        assert channel.sent[-1] == Applied(version)
 
     eng = Engine(store, hooks=EngineHooks(on_index=on_index, on_index_prepare=on_prepare))
     replica = Replica(channel, pickle.loads(pickle.dumps(eng.index)), 0)  # type: ignore[arg-type]
@@ -181,7 +182,7 @@ def test_a_prepared_change_whose_commit_failed_is_never_served() -> None:
     assert texts == {"the first note", "the note that was committed"}
     with pytest.raises(ClagdError, match="never prepared"):
         replica.commit(5)
-    assert replica.version == 4 and channel.sent == [("applied", 4)]
+    assert replica.version == 4 and channel.sent == [Applied(4)]
 
 
 def test_a_change_is_sent_to_prepare_before_its_files_are_written(tmp_path: Path) -> None:
