@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, wait_for
 
-from clagd.serve.daemon import lock_holder
+from clagd.store.lock import lock_holder
 
 TOUR = REPO / "examples" / "tour" / "tour.sh"
 README_DIR = "/tmp/tour"  # the folder the README's transcript was made in
