@@ -28,6 +28,7 @@ from clagd.config import Config
 from clagd.eval.data import Turn, arrivals, conversation_turns, load_conversations, questions
 from clagd.eval.pipelines import EnginePipeline, InProcessPipeline, line_tokens
 from clagd.model import memory_id
+from clagd.retrieval import searching
 from clagd.retrieval.index import Index
 
 # the shared data beside the repository (../shared/)
@@ -99,27 +100,27 @@ class QuestionRow:
 def _terms(ix: Index, slot: int, q: dict[int, float]) -> set[int]:
     if slot < 0:
         return set()
-    got = (ix._vocab.get(w) for w in ix._tokens(ix._mems[slot].content))
+    got = (ix.vocab.get(w) for w in ix.tokens(ix.memories.mems[slot].content))
     return {t for t in got if t is not None and t in q}
 
 
 def _rows(ix: Index, text: str, res: dict[str, Any]) -> list[HitRow]:
     """The signals of each returned hit, read from the snapshot that answered."""
-    q = [t for t in map(ix._vocab.get, ix._tokens(text)) if t is not None]
-    s = np.append(ix._mem_bm25(q), np.float32(0.0))  # index -1: no neighbour
+    q = [t for t in map(ix.vocab.get, ix.tokens(text)) if t is not None]
+    s = np.append(ix.memory_bm25.scores(q), np.float32(0.0))  # index -1: no neighbour
     smax = float(s.max()) if len(s) else 0.0
-    c_norm, _, _ = ix._choose_clusters(ix._cluster_bm25(q), None)
-    w = ix._query_weights(q)
+    c_norm, _, _ = searching.choose_clusters(ix, ix.cluster_bm25.scores(q), None)
+    w = ix.memory_bm25.weights(q)
     total = math.fsum(w.values()) or 1.0
     rows: list[HitRow] = []
     for i, (m, cost) in enumerate(zip(res["memories"], line_tokens(res))):
-        slot = ix._slot_of.get(m["id"])
+        slot = ix.memories.slot_of.get(m["id"])
         assert slot is not None
         own = _terms(ix, slot, w)
-        prev, nxt = int(ix._prev[slot]), int(ix._next[slot])
+        prev, nxt = int(ix.memories.prev[slot]), int(ix.memories.nxt[slot])
         near = own | _terms(ix, prev, w) | _terms(ix, nxt, w)
-        group = int(ix._group[slot])
-        near_ids = tuple(ix._mems[n].id for n in (prev, nxt) if n >= 0)
+        group = int(ix.memories.group[slot])
+        near_ids = tuple(ix.memories.mems[n].id for n in (prev, nxt) if n >= 0)
         rows.append(
             HitRow(
                 m["id"],
@@ -133,7 +134,7 @@ def _rows(ix: Index, text: str, res: dict[str, Any]) -> list[HitRow]:
                 max((w[t] for t in own), default=0.0),
                 float(c_norm[group]),
                 max(float(s[prev]), float(s[nxt])) / smax if smax else 0.0,
-                len(ix._tokens(m["content"])),
+                len(ix.tokens(m["content"])),
                 len(own) / max(len(w), 1),
                 frozenset(own),
                 slot,
@@ -147,7 +148,7 @@ def _rows(ix: Index, text: str, res: dict[str, Any]) -> list[HitRow]:
     for h in rows:
         h.rare, h.orare = h.rare / top, h.orare / top
         h.sub = bool(h.terms) and h.terms <= seen
-        h.adj = int(ix._prev[h.slot]) in slots or int(ix._next[h.slot]) in slots
+        h.adj = int(ix.memories.prev[h.slot]) in slots or int(ix.memories.nxt[h.slot]) in slots
         h.same = h.group == rows[0].group
         h.rel = h.score / rows[0].score
         h.best_cover = rows[0].cover

@@ -16,7 +16,8 @@ import yaml
 
 from clagd.client import Client
 from clagd.config import Config, load_config
-from clagd.retrieval.index import Index, _Segment
+from clagd.retrieval.index import Index
+from clagd.retrieval.postings import Segment
 from clagd.serve.daemon import Daemon
 from clagd.store.files import init_store, load_state
 
@@ -182,7 +183,7 @@ class DaemonProcess:
         self.proc.wait(10)
 
 
-def _postings(ix: Index, segs: tuple[_Segment, ...]) -> tuple[dict, dict]:
+def _postings(ix: Index, segs: tuple[Segment, ...]) -> tuple[dict, dict]:
     """Inverted (term -> [(slot, tf)]) and forward (slot -> sorted [(term, tf)]) postings,
     keyed by term text."""
     term = {i: t for t, i in ix.vocab.items()}
@@ -199,26 +200,33 @@ def _postings(ix: Index, segs: tuple[_Segment, ...]) -> tuple[dict, dict]:
     return {t: p for t, p in inv.items() if p}, fwd
 
 
-ARRAYS = (
-    "_len _alive _group _prev _next _ts _imp _tok _dn _c_dn _c_len _c_alive _sup_old "
-    "_sup_new _uslots _dead _c_dead _unsorted"
-).split()
+# the arrays of a snapshot, by where they are kept
+ARRAYS = {
+    "memories": "length alive group prev nxt ts imp tok".split(),
+    "profiles": "length alive".split(),
+    "memory_bm25": "dn dead".split(),
+    "cluster_bm25": "dn dead".split(),
+    "": "sup_old sup_new uslots unsorted".split(),
+}
 
 
 def assert_same_index(a: Index, b: Index) -> None:
     """Two index snapshots hold the same: every array, every posting and cluster profile
     (by term: term ids may differ), the same memories in the same slots."""
-    for name in ARRAYS:
-        x, y = getattr(a, name), getattr(b, name)
-        assert x.dtype == y.dtype, name
-        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
-    for name in ("_n_alive", "_total_len", "_c_total_len", "_cslot_of"):
-        assert getattr(a, name) == getattr(b, name), name
-    assert dict(a._slot_of.items()) == dict(b._slot_of.items())
-    assert [a._mems[i] for i in range(len(a._mems))] == [b._mems[i] for i in range(len(b._mems))]
-    assert a._clusters == b._clusters
-    assert [m.tolist() for m in a._members] == [m.tolist() for m in b._members]
+    for part, names in ARRAYS.items():
+        for name in names:
+            x = getattr(getattr(a, part) if part else a, name)
+            y = getattr(getattr(b, part) if part else b, name)
+            assert x.dtype == y.dtype, (part, name)
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), (part, name)
+    ma, mb, ca, cb = a.memories, b.memories, a.profiles, b.profiles
+    assert (ma.n_alive, ma.total_len) == (mb.n_alive, mb.total_len)
+    assert (ca.total_len, ca.slot_of) == (cb.total_len, cb.slot_of)
+    assert dict(ma.slot_of.items()) == dict(mb.slot_of.items())
+    assert [ma.mems[i] for i in range(len(ma.mems))] == [mb.mems[i] for i in range(len(mb.mems))]
+    assert ca.clusters == cb.clusters
+    assert [m.tolist() for m in ca.members] == [m.tolist() for m in cb.members]
     for name in ("order", "prev", "next"):
-        assert np.array_equal(getattr(a._time, name), getattr(b._time, name)), name
-    assert _postings(a, a._segs) == _postings(b, b._segs)
-    assert _postings(a, a._csegs) == _postings(b, b._csegs)
+        assert np.array_equal(getattr(ma.time, name), getattr(mb.time, name)), name
+    assert _postings(a, ma.segs) == _postings(b, mb.segs)
+    assert _postings(a, ca.segs) == _postings(b, cb.segs)

@@ -29,9 +29,10 @@ log = logging.getLogger("clagd")
 
 # Bumped whenever the pickled classes move or change shape (2: the layer subpackages;
 # 3: the file renamed from snapshot.pickle; 4: text made one-line when read, so a state
-# pickled before is read again). The header line is read before anything is unpickled, so
-# an older file is refused without importing classes that no longer exist.
-WARMSTART_FORMAT = 4
+# pickled before is read again; 5: the index cut by job, `retrieval.snapshot`). The header
+# line is read before anything is unpickled, so an older file is refused without importing
+# classes that no longer exist.
+WARMSTART_FORMAT = 5
 WARMSTART_MAGIC = b"clagd-warm-start %d\n" % WARMSTART_FORMAT
 WARMSTART_NAME = "warmstart.pickle"
 # what versions before format 3 wrote (removed at start: it can never be used again)

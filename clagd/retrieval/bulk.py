@@ -27,17 +27,22 @@ import numpy as np
 
 from clagd.config import IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory
-from clagd.retrieval.index import (
+from clagd.retrieval.postings import (
     PROFILE_FIELD_WEIGHT,
-    Index,
-    _chain_key,
-    _epoch,
-    _IdMap,
-    _importance,
-    _ptr,
-    _Segment,
-    _Slots,
+    ClusterSlots,
+    IdMap,
+    MemorySlots,
+    Segment,
+    Slots,
+    chain_key,
+    epoch,
+    importance,
+    inverted,
+    label,
+    ptr,
 )
+from clagd.retrieval.snapshot import Index
+from clagd.retrieval.timeline import Timeline
 from clagd.text import (
     WORD_SEP,
     estimate_tokens_many,
@@ -143,7 +148,7 @@ def _terms(texts: list[str], vocab: _Words) -> tuple[np.ndarray, np.ndarray]:
     other = [i for i, t in enumerate(plain) if not t and texts[i]]
     if other:  # not ASCII: the regex path (`words`), spliced in where the text's terms go
         ids = [vocab.ids(words(texts[i])) for i in other]
-        at = _ptr(lens)[other]
+        at = ptr(lens)[other]
         terms = np.insert(
             terms,
             np.repeat(at, [len(x) for x in ids]),
@@ -207,27 +212,21 @@ def prepare(
     ts: list[float] = []
     sizes: list[int] = []
     for c in p.clusters:
-        times = {id(m): _epoch(m.created_at) for m in c.memories}
-        ordered = sorted(c.memories, key=lambda m: _chain_key(m, times[id(m)]))
+        times = {id(m): epoch(m.created_at) for m in c.memories}
+        ordered = sorted(c.memories, key=lambda m: chain_key(m, times[id(m)]))
         p.mems += ordered
         ts += [times[id(m)] for m in ordered]
         sizes.append(len(ordered))
     p.mems += unsorted
-    ts += [_epoch(m.created_at) for m in unsorted]
+    ts += [epoch(m.created_at) for m in unsorted]
     p.sizes = np.asarray(sizes, dtype=np.int64)
     p.ts = np.asarray(ts, dtype=np.float64)
-    p.imp = np.asarray([_importance(m) for m in p.mems], dtype=np.float32)
+    p.imp = np.asarray([importance(m) for m in p.mems], dtype=np.float32)
     texts = [m.content for m in p.mems]
     p.tok = estimate_tokens_many(texts).astype(np.int32)
     vocab = _words(stem, stopwords)
     terms, p.lens = _terms(texts, vocab)
-    labels = [
-        [
-            vocab.term(t)
-            for t in tokenize(" ".join([c.name, c.description, *c.tags]), stem, stopwords)
-        ]
-        for c in p.clusters
-    ]
+    labels = [[vocab.term(t) for t in tokenize(label(c), stem, stopwords)] for c in p.clusters]
     flat = np.asarray([t for lb in labels for t in lb], dtype=np.int32)
     p.vocab, (terms, flat) = _local(vocab, terms, flat)
     n = len(p.mems)
@@ -256,23 +255,6 @@ def _profiles(p: Prepared, labels: np.ndarray, label_lens: list[int]) -> None:
     p.ctf = ctf.astype(np.float32)
 
 
-def _inverted(
-    start: int, n_docs: int, cnt: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int
-) -> _Segment:
-    """A segment from postings given doc by doc (`cnt` distinct terms each, ids `tid` in the
-    index's vocabulary): the term -> docs side is one stable sort by term id (docs stay in
-    order within a term), a radix sort when the ids fit in 16 bits."""
-    doc = np.repeat(np.arange(n_docs, dtype=np.int32), cnt)
-    if n_terms <= 1 << 16:
-        order = np.argsort(tid.astype(np.uint16), kind="stable")
-    else:
-        order = np.argsort(tid.astype(np.int64) * max(n_docs, 1) + doc)
-    indptr = _ptr(np.bincount(tid, minlength=n_terms)[:n_terms])
-    return _Segment(
-        start, start + n_docs, indptr, doc[order] + np.int32(start), tf[order], _ptr(cnt), tid, tf
-    )
-
-
 def build(
     parts: Sequence[Prepared],
     cfg: RetrievalConfig | None = None,
@@ -281,7 +263,7 @@ def build(
     """One snapshot of every part's clusters, then every part's unsorted memories: the one
     `Index.build` gives for them in that order. Memory or cluster ids named twice (a store
     `apply_update` would refuse) are left to `Index.build`, which resolves them."""
-    index = Index(cfg, ingest)
+    cfg = cfg or RetrievalConfig()
     mems = [m for p in parts for m in p.mems[: p.n_clustered]]
     mems += [m for p in parts for m in p.mems[p.n_clustered :]]
     clusters = [c for p in parts for c in p.clusters]
@@ -292,22 +274,14 @@ def build(
         unsorted = [m for p in parts for m in p.mems[p.n_clustered :]]
         return Index.build(clusters, unsorted, cfg, ingest)
     # the index's vocabulary: every part's terms, numbered in order of first appearance
-    vocab = index._vocab = dict.fromkeys(chain.from_iterable(p.vocab for p in parts), 0)
+    vocab = dict.fromkeys(chain.from_iterable(p.vocab for p in parts), 0)
     for i, t in enumerate(vocab):
         vocab[t] = i
     gmaps = [np.fromiter(map(vocab.__getitem__, p.vocab), np.int32, len(p.vocab)) for p in parts]
     n_terms = len(vocab)
-    _memories(index, parts, gmaps, n_terms, mems)
-    index._slot_of = _IdMap(slot_of, {}, len(slot_of))
-    _clusters(index, parts, gmaps, n_terms, clusters)
-    index._cslot_of = cslot_of
-    if index.cfg.neighbors == "time":
-        index._time = index._time.updated(index._alive, index._ts, 0, ids)
-    index._link_supersedes()
-    index._unsorted = index._group < 0
-    index._length_norms()
-    index._derive()
-    return index
+    memories = _memories(parts, gmaps, n_terms, mems, IdMap(slot_of, {}, len(slot_of)), cfg)
+    profiles = _clusters(parts, gmaps, n_terms, clusters, cslot_of)
+    return Index(cfg, ingest, vocab, memories, profiles)
 
 
 def _sections(parts: Sequence[Prepared]) -> list[tuple[int, int, int]]:
@@ -318,11 +292,16 @@ def _sections(parts: Sequence[Prepared]) -> list[tuple[int, int, int]]:
 
 
 def _memories(
-    index: Index, parts: Sequence[Prepared], gmaps: list[np.ndarray], n_terms: int, mems: list
-) -> None:
+    parts: Sequence[Prepared],
+    gmaps: list[np.ndarray],
+    n_terms: int,
+    mems: list[Memory],
+    slot_of: IdMap,
+    cfg: RetrievalConfig,
+) -> MemorySlots:
     """The memory slots: their arrays, chain links and postings."""
     secs = _sections(parts)
-    ptrs = [_ptr(p.fcnt) for p in parts]
+    ptrs = [ptr(p.fcnt) for p in parts]
 
     def cat(name: str, dtype: type) -> np.ndarray:
         arrs = [getattr(parts[i], name)[a:b] for i, a, b in secs]
@@ -335,22 +314,32 @@ def _memories(
     tf = [parts[i].ftf[ptrs[i][a] : ptrs[i][b]] for i, a, b in secs]
     tids = np.concatenate(tid) if tid else np.zeros(0, dtype=np.int32)
     tfs = np.concatenate(tf) if tf else np.zeros(0, dtype=np.float32)
-    index._segs = (_inverted(0, n, cnt, tids, tfs, n_terms),) if n else ()
-    index._mems = _Slots().extended(mems)
-    index._len = lens.astype(np.float32)
-    index._alive = np.ones(n, dtype=bool)
-    index._ts, index._imp, index._tok = (
-        cat("ts", np.float64),
-        cat("imp", np.float32),
-        cat("tok", np.int32),
-    )
     sizes = np.concatenate([p.sizes for p in parts]) if parts else _i64()
     n_in = int(sizes.sum())
-    index._group = np.full(n, -1, dtype=np.int32)
-    index._group[:n_in] = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
-    index._prev, index._next = _chains(n, sizes)
-    index._n_alive = n
-    index._total_len = float(lens.sum())
+    group = np.full(n, -1, dtype=np.int32)
+    group[:n_in] = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    prev, nxt = _chains(n, sizes)
+    alive = np.ones(n, dtype=bool)
+    ts = cat("ts", np.float64)
+    time = Timeline(cfg.neighbor_gap_minutes * 60.0)
+    if cfg.neighbors == "time":
+        time = time.updated(alive, ts, 0, [m.id for m in mems])
+    return MemorySlots(
+        mems=Slots().extended(mems),
+        length=lens.astype(np.float32),
+        alive=alive,
+        group=group,
+        prev=prev,
+        nxt=nxt,
+        time=time,
+        ts=ts,
+        imp=cat("imp", np.float32),
+        tok=cat("tok", np.int32),
+        segs=(inverted(0, n, cnt, tids, tfs, n_terms),) if n else (),
+        slot_of=slot_of,
+        n_alive=n,
+        total_len=float(lens.sum()),
+    )
 
 
 def _chains(n: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -370,26 +359,32 @@ def _chains(n: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _clusters(
-    index: Index,
     parts: Sequence[Prepared],
     gmaps: list[np.ndarray],
     n_terms: int,
     clusters: list[Cluster],
-) -> None:
+    cslot_of: dict[str, int],
+) -> ClusterSlots:
     """The cluster slots: members (runs of memory slots), profiles and their postings."""
     nc = len(clusters)
     sizes = np.concatenate([p.sizes for p in parts]) if parts else _i64()
     ends = np.cumsum(sizes)
-    index._clusters = clusters
-    index._members = [
+    members = [
         np.arange(a, b, dtype=np.int32) for a, b in zip((ends - sizes).tolist(), ends.tolist())
     ]
     clen = np.concatenate([p.clen for p in parts]) if parts else np.zeros(0)
-    index._c_len = clen.astype(np.float32)
-    index._c_alive = np.ones(nc, dtype=bool)
-    index._c_total_len = float(clen.sum())
+    segs: tuple[Segment, ...] = ()
     if nc:
         cnt = np.concatenate([p.ccnt for p in parts])
         tid = np.concatenate([g[p.ctid] for g, p in zip(gmaps, parts)])
         tf = np.concatenate([p.ctf for p in parts])
-        index._csegs = (_inverted(0, nc, cnt, tid, tf, n_terms),)
+        segs = (inverted(0, nc, cnt, tid, tf, n_terms),)
+    return ClusterSlots(
+        clusters=clusters,
+        members=members,
+        length=clen.astype(np.float32),
+        alive=np.ones(nc, dtype=bool),
+        segs=segs,
+        slot_of=cslot_of,
+        total_len=float(clen.sum()),
+    )

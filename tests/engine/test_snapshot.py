@@ -160,3 +160,25 @@ def test_a_warm_start_file_of_an_older_format_is_refused(tmp_path: Path) -> None
         assert_same_as_files(eng)
     finally:
         eng.close()
+
+
+def test_a_warm_start_of_format_3_is_refused_before_unpickling(tmp_path: Path) -> None:
+    """Format 3 pickled the index of one module (`retrieval.index`, before its cut by job):
+    its header is refused, nothing of it is unpickled, the store loads from its files."""
+    root = make_store(tmp_path / "m")
+    eng = Engine(root)
+    _add(eng, "a memory from before the cut", "another one about boats")
+    eng.close()
+    path = root / ".clagd" / "warmstart.pickle"
+    assert path.read_bytes().startswith(WARMSTART_MAGIC)
+    marker = tmp_path / "unpickled"
+    path.write_bytes(b"clagd-warm-start 3\n" + _old_layout_pickle(root, marker))
+    eng = Engine(root)
+    try:
+        assert eng.load_source == "files"
+        assert_same_as_files(eng)
+        assert not marker.exists()
+        hits = eng.query("boats", count_round=False).memories
+        assert hits[0].content == "another one about boats"
+    finally:
+        eng.close()

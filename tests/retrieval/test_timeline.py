@@ -149,9 +149,9 @@ def test_memories_two_steps_away_in_time_lift_a_memory():
 
 def test_the_gap_keeps_other_days_apart():
     ix = _conversation("time")
-    slot = {ix._mems[i].content: i for i in range(len(ix._mems))}
+    slot = {ix.memories.mems[i].content: i for i in range(len(ix.memories.mems))}
     q = slot["Ana: How was the trip to Lisbon with your sister?"]
     r = slot["Ben: Wonderful, we ate pastries every single morning"]
     d = slot["Ben: We planned the Lisbon trip for months"]
-    assert ix._time.next[q] == r and ix._time.prev[r] == q
-    assert ix._time.prev[d] == -1 and ix._time.next[d] == -1  # a day from anything
+    assert ix.memories.time.next[q] == r and ix.memories.time.prev[r] == q
+    assert ix.memories.time.prev[d] == -1 and ix.memories.time.next[d] == -1  # a day from anything
