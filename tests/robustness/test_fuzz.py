@@ -142,7 +142,7 @@ def test_alias_bomb_is_rejected_quickly(name: str) -> None:
 def test_huge_lines() -> None:
     line = "word " * 13_000  # 65,000 characters on one line: accepted
     assert parse_text("a.txt", line)[0].content == line.strip()
-    with pytest.raises(InboxRejected, match="longer than"):
+    with pytest.raises(InboxRejected, match="over the limit of 65536 per memory"):
         parse_text("a.txt", "x" * 70_000)
     with pytest.raises(InboxRejected):
         parse_text("a.yaml", "content: " + "y" * 70_000)
