@@ -136,16 +136,7 @@ class DaemonProcess:
     def start(self, wait: bool = True) -> DaemonProcess:
         logf = open(self.log, "ab")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "clagd",
-                "--store",
-                str(self.root),
-                "--socket",
-                str(self.socket),
-                "run",
-            ],
+            self.command(),
             stdout=logf,
             stderr=logf,
             env=self.env,
@@ -155,6 +146,11 @@ class DaemonProcess:
         if wait:
             wait_for(self.ready, 30, "the daemon to answer ping")
         return self
+
+    def command(self) -> list[str]:
+        """The daemon's argv (a subclass starts another kind: a follower)."""
+        argv = [sys.executable, "-m", "clagd", "--store", str(self.root)]
+        return [*argv, "--socket", str(self.socket), "run"]
 
     def ready(self) -> bool:
         assert self.proc is not None

@@ -79,19 +79,13 @@ class FollowerProcess(DaemonProcess):
         super().__init__(root, socket_path)
         self.remote = remote
 
-    def start(self, wait: bool = True) -> FollowerProcess:
-        logf = open(self.log, "ab")
+    def command(self) -> list[str]:
         argv = [sys.executable, "-m", "clagd", "--socket", str(self.socket)]
-        self.proc = subprocess.Popen(
-            [*argv, "follow", self.remote, str(self.root)],
-            stdout=logf,
-            stderr=logf,
-            env=self.env,
-            start_new_session=True,
-        )
-        logf.close()
+        return [*argv, "follow", self.remote, str(self.root)]
+
+    def start(self, wait: bool = True) -> FollowerProcess:
+        super().start(wait)
         if wait:
-            wait_for(self.ready, 60, "the follower to answer ping")
             wait_for(self.processes_serve, 60, "the follower's query processes")
         return self
 
