@@ -36,7 +36,7 @@ from clagd.engine.core import Engine  # noqa: E402
 from clagd.organize.session import run_session  # noqa: E402
 from clagd.slm.llamacpp import LlamaCppBackend  # noqa: E402
 from clagd.slm.ollama import OllamaBackend  # noqa: E402
-from clagd.store.files import init_store  # noqa: E402
+from clagd.store.create import init_store  # noqa: E402
 
 LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo-dev.json"
 FALLBACK_TEXTS = [

@@ -19,7 +19,8 @@ from clagd.config import Config, load_config
 from clagd.retrieval.index import Index
 from clagd.retrieval.postings import Segment
 from clagd.serve.daemon import Daemon
-from clagd.store.files import init_store, load_state
+from clagd.store.create import init_store
+from clagd.store.files import load_state
 
 # The repository root (tests live one or two folders below it).
 REPO = Path(__file__).resolve().parent.parent

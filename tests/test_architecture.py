@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "client": set(),
 }
 TOP_EDGES = {"cli", "mcp_server", "__main__", "__init__"}  # the outer edge may import anything
+EDGE_PACKAGES = {"cli"}  # and so may every module of these packages (clagd/cli/)
 MAX_LINES = 80
 MAX_COMPLEXITY = 25
 
@@ -81,6 +82,8 @@ def test_no_relative_imports():
 @pytest.mark.parametrize("module,path", _source_files(), ids=lambda v: str(v))
 def test_layer_boundaries(module: str, path: Path):
     if module.split(".")[-1] in TOP_EDGES and module.count(".") <= 1:
+        return
+    if _layer(module) in EDGE_PACKAGES:
         return
     mine = _layer(module)
     if module == "clagd.client":

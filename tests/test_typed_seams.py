@@ -10,7 +10,7 @@ from pathlib import Path
 
 CLAGD = Path(__file__).resolve().parent.parent / "clagd"
 EDGE = (
-    "cli.py",
+    "cli/",
     "mcp_server.py",
     "client.py",
     "protocol.py",

@@ -48,14 +48,8 @@ from clagd.model import Memory, iso_utc
 from clagd.protocol import QueryParams
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
-from clagd.store.files import (
-    Fragments,
-    IgnoredFiles,
-    Paths,
-    StoreState,
-    is_data_path,
-    is_store,
-)
+from clagd.store.create import is_store
+from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
 from clagd.store.packing import ObjectPacker
 from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer

@@ -114,7 +114,7 @@ class EnginePipeline:
         from clagd.engine.hooks import EngineHooks
         from clagd.organize.session import engine_session_runner
         from clagd.slm.manager import BackendManager
-        from clagd.store.files import init_store
+        from clagd.store.create import init_store
 
         self._tmp = tempfile.TemporaryDirectory(prefix="clagd-eval-")
         self.backend = backend

@@ -30,7 +30,7 @@ from clagd.config import BackendKind, Config
 from clagd.errors import ClagdError
 from clagd.eval.data import Turn, arrivals
 from clagd.eval.pipelines import organization_of
-from clagd.store.files import init_store
+from clagd.store.create import init_store
 from clagd.yamlio import dumps
 
 POLL_SECONDS = 0.02

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from clagd.errors import ClagdError
 from clagd.model import Cluster, Memory, parse_time
-from clagd.store.files import template_dir
+from clagd.store.create import template_dir
 
 if TYPE_CHECKING:
     from clagd.organize.sample import Check

@@ -44,7 +44,8 @@ from clagd.serve.scheduler import Activity, Scheduler
 from clagd.serve.server import Dispatcher, Handler, SocketServer, build_dispatcher, internal_server
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager, BackendStatus
-from clagd.store.files import PRIVATE_UMASK, Paths, PrivacyStatus, init_store
+from clagd.store.create import PRIVATE_UMASK, PrivacyStatus, init_store
+from clagd.store.files import Paths
 from clagd.store.follow import RemoteBranch
 from clagd.store.gitrepo import GitStore
 from clagd.store.lock import StoreLock

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from helpers import InProcessDaemon, wait_for
 
-from clagd.store.files import init_store
+from clagd.store.create import init_store
 
 
 def _open_to_others(root: Path) -> list[str]:

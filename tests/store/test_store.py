@@ -13,8 +13,9 @@ from helpers import git
 from clagd.config import Config, load_config
 from clagd.errors import ConfigError, StoreError
 from clagd.model import Cluster, Memory, memory_id
+from clagd.store.create import init_store, template_dir
 from clagd.store.durable import atomic_write_text
-from clagd.store.files import Paths, init_store, load_state, template_dir, write_cluster
+from clagd.store.files import Paths, load_state, write_cluster
 from clagd.yamlio import YamlError, dumps, loads
 
 

@@ -1,0 +1,5 @@
+"""`python -m clagd.cli`: the `clagd` command."""
+
+from clagd.cli import main
+
+main()
