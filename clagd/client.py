@@ -30,10 +30,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from clagd import errors
 from clagd.protocol import (
+    DEFAULT_LIST_LIMIT,
     IDEMPOTENT_OPS,
     MAX_REPLY_BYTES,
     MAX_SOCKET_PATH,
@@ -56,6 +57,8 @@ __all__ = [
     "DaemonTimeout",
     "MAX_SOCKET_PATH",
     "MemoryHit",
+    "MemoryList",
+    "MemoryRecord",
     "ProtocolError",
     "QueryResult",
     "default_socket_path",
@@ -119,6 +122,49 @@ class MemoryHit:
             score=float(d.get("score") or 0.0),
             created_at=d.get("created_at"),
             metadata=dict(d.get("metadata") or {}),
+        )
+
+
+@dataclass
+class MemoryRecord:
+    """What `get` returns, and each memory of `list`: a memory and where it is filed."""
+
+    id: str
+    content: str
+    created_at: str
+    metadata: dict[str, Any]
+    cluster_id: str | None
+    cluster_name: str
+    archived: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryRecord:
+        return cls(
+            id=str(d["id"]),
+            content=str(d.get("content", "")),
+            created_at=str(d.get("created_at") or ""),
+            metadata=dict(d.get("metadata") or {}),
+            cluster_id=d.get("cluster_id"),
+            cluster_name=str(d.get("cluster_name") or ""),
+            archived=bool(d.get("archived", False)),
+        )
+
+
+@dataclass
+class MemoryList:
+    """What `list` returns: the newest memories the filter lets through (at most `limit`)
+    and how many it lets through in all (`total`)."""
+
+    memories: list[MemoryRecord]
+    total: int
+    limit: int
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryList:
+        return cls(
+            memories=[MemoryRecord.from_dict(m) for m in d.get("memories") or []],
+            total=int(d.get("total") or 0),
+            limit=int(d.get("limit") or 0),
         )
 
 
@@ -429,12 +475,34 @@ class Client:
         max_memories: int | None = None,
         token_budget: int | None = None,
         include_archive: bool = False,
+        where: Mapping[str, Any] | None = None,
     ) -> QueryResult:
+        """The memories relevant to `text`. `where`: only memories whose metadata has each
+        of these scalar values (exact match, ANDed), applied before the cut to
+        `max_memories` and the budget."""
         params = QueryParams(text, max_memories, token_budget, include_archive).to_request()
-        result = self.request("query", params)
-        if not isinstance(result, dict):
-            raise ProtocolError(f"query result is not an object: {str(result)[:200]}")
-        return QueryResult.from_dict(result)
+        if where:
+            params["where"] = dict(where)  # checked by the daemon, which names what is wrong
+        return QueryResult.from_dict(_object(self.request("query", params), "query"))
+
+    def get(self, memory_id: str) -> MemoryRecord:
+        """One memory by id (hot or archived); `ClientError` code `not_found` when the store
+        does not hold it."""
+        return _parse(MemoryRecord, self.call("get", memory_id=memory_id), "get")
+
+    def list_memories(
+        self,
+        where: Mapping[str, Any] | None = None,
+        since: str | None = None,
+        limit: int = DEFAULT_LIST_LIMIT,
+        include_archive: bool = False,
+    ) -> MemoryList:
+        """The newest memories (at most `limit`) whose metadata has each `where` value,
+        made at or after `since` (an ISO 8601 time, or an age: 30m, 2h, 7d, 4w)."""
+        params = {"where": dict(where) if where else None, "since": since, "limit": limit}
+        if include_archive:
+            params["include_archive"] = True
+        return _parse(MemoryList, self.call("list", **params), "list")
 
     def clusters(self, include_archive: bool = False) -> dict[str, Any]:
         return self.call("clusters", include_archive=include_archive or None)
@@ -461,6 +529,23 @@ class Client:
     def round(self, n: int = 1) -> dict[str, Any]:
         """Count `n` dialogue rounds (one of the clustering session triggers)."""
         return self.call("round", n=n)
+
+
+R = TypeVar("R", MemoryRecord, MemoryList, QueryResult)
+
+
+def _object(result: Any, op: str) -> Mapping[str, Any]:
+    if not isinstance(result, dict):
+        raise ProtocolError(f"{op} result is not an object: {str(result)[:200]}")
+    return result
+
+
+def _parse(cls: type[R], result: Any, op: str) -> R:
+    """`cls.from_dict` of an op's result; a malformed one is a ProtocolError."""
+    try:
+        return cls.from_dict(_object(result, op))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed {op} result: {exc!r}") from None
 
 
 class _Retryable(Exception):

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -26,7 +27,14 @@ from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 from clagd import __version__
 from clagd.client import Client, ClientError, DaemonNotRunning, QueryResult
 from clagd.ingest.inbox import IMPORTANCE_SCALE, MAX_CONTENT_CHARS
-from clagd.protocol import MAX_MEMORIES_LIMIT, resolve_socket, store_owner, store_path
+from clagd.protocol import (
+    DEFAULT_LIST_LIMIT,
+    MAX_LIST_LIMIT,
+    MAX_MEMORIES_LIMIT,
+    resolve_socket,
+    store_owner,
+    store_path,
+)
 from clagd.serve.units import SYSTEM_SOCKET_DIR, UNIT_PREFIX, service_unit
 
 try:  # mcp >= 2
@@ -94,6 +102,23 @@ TokenBudget = Annotated[
 ]
 IncludeArchive = Annotated[
     bool, Field(description="also search clusters moved to the archive for being unused")
+]
+Where = Annotated[
+    dict[str, str | int | float | bool | None] | None,
+    Field(
+        description="only memories whose metadata has each of these values (exact match on "
+        "scalar metadata, all of them), e.g. {task_type: travel, source: chat}"
+    ),
+]
+MemoryId = Annotated[
+    str, Field(min_length=1, description="a memory id (m- and 16 hex digits), as recall gives it")
+]
+Since = Annotated[
+    str | None,
+    Field(description="only memories made at or after this: an ISO 8601 time or an age (2h, 7d)"),
+]
+ListLimit = Annotated[
+    int, Field(ge=1, le=MAX_LIST_LIMIT, description="how many memories at most, newest first")
 ]
 LogEntries = Annotated[
     int, Field(ge=1, le=MAX_LOG_ENTRIES, description="how many changes, newest first")
@@ -167,7 +192,7 @@ def _tool(server: Any, fn: Callable[..., Any], annotations: ToolAnnotations) -> 
 
 
 class _Tools:
-    """The five tools, each forwarding one call to the daemon through `client`."""
+    """The tools, each forwarding one call to the daemon through `client`."""
 
     def __init__(self, client: Client, store: Path | None) -> None:
         self.client, self.store = client, store
@@ -193,6 +218,8 @@ class _Tools:
             self.recall_tool(),
             _annotations("Recall", readOnlyHint=True, destructiveHint=False),
         )
+        _tool(server, self.get_tool(), _annotations("Get a memory", readOnlyHint=True))
+        _tool(server, self.list_tool(), _annotations("List memories", readOnlyHint=True))
         _tool(server, self.clusters_tool(), _annotations("List clusters", readOnlyHint=True))
         _tool(server, self.history_tool(), _annotations("Memory history", readOnlyHint=True))
         _tool(
@@ -229,21 +256,49 @@ class _Tools:
             max_memories: MaxMemories = None,
             token_budget: TokenBudget = None,
             include_archive: IncludeArchive = False,
+            where: Where = None,
         ) -> Annotated[CallToolResult, RecallOutput]:
             """Find the memories relevant to `query`, grouped by topic cluster.
 
             Returns a ready-to-use context block (first text item) and the memories with their
             ids, clusters and scores (second item, JSON; also the structured content).
-            `include_archive` also searches clusters moved to the archive for being unused.
+            `include_archive` also searches clusters moved to the archive for being unused;
+            `where` keeps only memories whose metadata has each of its values.
             """
             if not query.strip():
                 raise ToolError("recall: argument 'query' must be a question or topic, not blank")
             res = await self.forward(
-                lambda: self.client.query(query, max_memories, token_budget, include_archive)
+                lambda: self.client.query(
+                    query, max_memories, token_budget, include_archive, where=where
+                )
             )
             return recall_result(res)
 
         return recall
+
+    def get_tool(self) -> Callable[..., Any]:
+        async def get(id: MemoryId) -> dict[str, Any]:
+            """One memory by its id (from `recall` or `list`): its text, time, metadata and
+            the cluster it is filed in."""
+            return asdict(await self.forward(lambda: self.client.get(id)))
+
+        return get
+
+    def list_tool(self) -> Callable[..., Any]:
+        async def list(
+            where: Where = None,
+            since: Since = None,
+            limit: ListLimit = DEFAULT_LIST_LIMIT,
+            include_archive: IncludeArchive = False,
+        ) -> dict[str, Any]:
+            """The stored memories, newest first, without a query: those whose metadata has
+            each `where` value, made at or after `since`; `total` says how many match."""
+            res = await self.forward(
+                lambda: self.client.list_memories(where, since, limit, include_archive)
+            )
+            return asdict(res)
+
+        return list
 
     def clusters_tool(self) -> Callable[..., Any]:
         async def list_clusters(include_archive: IncludeArchive = False) -> dict[str, Any]:

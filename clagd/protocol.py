@@ -22,13 +22,14 @@ import socket
 import stat
 import struct
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import Field, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from clagd import errors
 from clagd.config import load_config
+from clagd.model import parse_time
 
 # sun_path holds 108 bytes on Linux and 104 on the BSDs and macOS, the final NUL included:
 # the longest socket path that can be bound is one byte less.
@@ -39,7 +40,7 @@ DEFAULT_STORE = "./memory"
 STORE_ENV = "CLAGD_STORE"
 SOCKET_ENV = "CLAGD_SOCKET"
 # ops that may be sent again after the connection dropped before their reply
-IDEMPOTENT_OPS = frozenset({"ping", "status", "query", "clusters", "log"})
+IDEMPOTENT_OPS = frozenset({"ping", "status", "query", "get", "list", "clusters", "log"})
 _UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 # logind's per-user runtime directories: /run/user is writable by root alone
 RUNTIME_ROOT = Path("/run/user")
@@ -321,6 +322,73 @@ def error_reply(rid: Any, code: str, message: str) -> dict[str, Any]:
 
 MAX_MEMORIES_LIMIT = 100
 
+# a metadata filter: (key, value as `scalar_text` gives it) pairs, sorted by key; every
+# pair must hold (ANDed). Empty: no filter.
+Where = tuple[tuple[str, str], ...]
+MAX_WHERE_KEYS = 32
+
+
+def scalar_text(value: object) -> str | None:
+    """What a filter compares: the text of a scalar metadata value (`true`, `false`, `null`,
+    a number as written, a string itself); None for a list or a mapping, which no filter
+    matches. A float with no fraction is its integer (`1.0` is `1`)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def check_where(raw: object) -> Where:
+    """A request's `where` (an object of metadata key -> scalar), checked: BadRequest names
+    the key or value that is wrong."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise errors.BadRequest(
+            f"'where' must be an object of metadata key -> value, got {type(raw).__name__}"
+        )
+    if len(raw) > MAX_WHERE_KEYS:
+        raise errors.BadRequest(f"'where' has {len(raw)} keys, at most {MAX_WHERE_KEYS}")
+    out = []
+    for key, value in raw.items():
+        if not isinstance(key, str) or not key.strip():
+            raise errors.BadRequest(f"'where': key {key!r} must be a non-empty string")
+        text = scalar_text(value)
+        if text is None:
+            raise errors.BadRequest(
+                f"'where': {key!r} must be a string, number, boolean or null, "
+                f"got {type(value).__name__} (filters match scalar metadata only)"
+            )
+        out.append((key, text))
+    return tuple(sorted(out))
+
+
+def parse_where(args: Iterable[str]) -> dict[str, str]:
+    """`KEY=VALUE` arguments (the CLI's `--where`) as a `where` object; BadRequest names the
+    argument that has no `=` or an empty key. A key given twice keeps its last value."""
+    out: dict[str, str] = {}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq or not key.strip():
+            raise errors.BadRequest(f"--where {arg!r}: expected KEY=VALUE (e.g. source=chat)")
+        out[key.strip()] = value
+    return out
+
+
+def where_matches(metadata: Mapping[str, object], where: Where) -> bool:
+    """Whether a memory's metadata holds every (key, value) of `where`."""
+    for key, text in where:
+        if key not in metadata or scalar_text(metadata[key]) != text:
+            return False
+    return True
+
 
 @dataclass(frozen=True)
 class QueryParams:
@@ -330,6 +398,7 @@ class QueryParams:
     max_memories: int | None = None  # None: the configured retrieval.max_memories
     token_budget: int | None = None  # None: the configured budget; 0: no budget
     include_archive: bool = False
+    where: Where = ()  # metadata filter, applied inside retrieval (before the cut)
 
     @classmethod
     def from_request(cls, params: Mapping[str, Any]) -> QueryParams:
@@ -339,6 +408,7 @@ class QueryParams:
             max_memories=params.get("max_memories"),
             token_budget=params.get("token_budget"),
             include_archive=bool(params.get("include_archive", False)),
+            where=check_where(params.get("where")),
         ).check()
 
     def check(self) -> QueryParams:
@@ -364,6 +434,75 @@ class QueryParams:
             out["max_memories"] = self.max_memories
         if self.token_budget is not None:
             out["token_budget"] = self.token_budget
+        if self.include_archive:
+            out["include_archive"] = True
+        if self.where:
+            out["where"] = dict(self.where)
+        return out
+
+
+# --------------------------------------------------------------------------- list
+
+
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 10_000
+_AGE_RE = re.compile(r"^\s*(\d{1,9})\s*([smhdw])\s*$")
+_AGE_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+SINCE_FORMS = "an ISO 8601 time (2026-01-31, 2026-01-31T12:00:00Z) or an age (30m, 2h, 7d, 4w)"
+
+
+def since_epoch(text: str, now: float) -> float:
+    """`since` as epoch seconds: an ISO 8601 time (naive: UTC), or an age before `now`
+    (`90s`, `30m`, `2h`, `7d`, `4w`). BadRequest names the text that is neither."""
+    age = _AGE_RE.match(text)
+    if age:
+        return now - int(age.group(1)) * _AGE_SECONDS[age.group(2)]
+    dt = parse_time(text.strip())
+    if dt is None:
+        raise errors.BadRequest(f"'since' {text!r} is not {SINCE_FORMS}")
+    try:
+        return dt.timestamp()
+    except (OverflowError, ValueError):
+        raise errors.BadRequest(f"'since' {text!r} is out of range") from None
+
+
+@dataclass(frozen=True)
+class ListParams:
+    """The parameters of `list`: the memories a filter lets through, newest first."""
+
+    where: Where = ()
+    since: str | None = None  # an ISO 8601 time or an age (`since_epoch`)
+    limit: int = DEFAULT_LIST_LIMIT
+    include_archive: bool = False
+
+    @classmethod
+    def from_request(cls, params: Mapping[str, Any]) -> ListParams:
+        """From a request's parameters (unknown keys are ignored), checked."""
+        return cls(
+            where=check_where(params.get("where")),
+            since=params.get("since"),
+            limit=params.get("limit", DEFAULT_LIST_LIMIT),
+            include_archive=bool(params.get("include_archive", False)),
+        ).check()
+
+    def check(self) -> ListParams:
+        """Raise BadRequest naming the first bad parameter."""
+        if self.since is not None:
+            if not isinstance(self.since, str):
+                raise errors.BadRequest(f"'since' must be a string: {SINCE_FORMS}")
+            since_epoch(self.since, 0.0)
+        n = self.limit
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_LIST_LIMIT:
+            raise errors.BadRequest(f"'limit' must be an integer from 1 to {MAX_LIST_LIMIT}")
+        return self
+
+    def to_request(self) -> dict[str, Any]:
+        """The request parameters: defaults left out."""
+        out: dict[str, Any] = {"limit": self.limit}
+        if self.where:
+            out["where"] = dict(self.where)
+        if self.since is not None:
+            out["since"] = self.since
         if self.include_archive:
             out["include_archive"] = True
         return out

@@ -124,6 +124,13 @@ def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
             await s.call_tool("remember", {"content": "The user's cat is called Miso"}),
         ]
         out["recall"] = await s.call_tool("recall", {"query": "what is the cat called?"})
+        out["recall_where"] = await s.call_tool(
+            "recall", {"query": "units cat", "where": {"source": "chat"}}
+        )
+        first_id = out["recall"].structured_content["memories"][0]["id"]
+        out["get"] = await s.call_tool("get", {"id": first_id})
+        out["get_missing"] = await s.call_tool("get", {"id": "m-00000000000000ff"})
+        out["list"] = await s.call_tool("list", {"where": {"source": "chat"}, "limit": 5})
         out["clusters"] = await s.call_tool("list_clusters", {})
         out["history"] = await s.call_tool("memory_history", {"n": 5})
         cat_commit = out["history"].structured_content["entries"][0]["commit"]
@@ -135,8 +142,16 @@ def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
     out = run_session(daemon.socket_path, tmp_path / "mcp.err", body)
 
     tools = out["tools"]
-    assert set(tools) == {"remember", "recall", "list_clusters", "memory_history", "revert"}
-    for name in ("recall", "list_clusters", "memory_history"):
+    assert set(tools) == {
+        "remember",
+        "recall",
+        "get",
+        "list",
+        "list_clusters",
+        "memory_history",
+        "revert",
+    }
+    for name in ("recall", "get", "list", "list_clusters", "memory_history"):
         assert tools[name].annotations.read_only_hint is True, name
     assert tools["revert"].annotations.destructive_hint is True
     assert tools["revert"].annotations.read_only_hint is False
@@ -156,6 +171,15 @@ def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
     assert any("Miso" in m["content"] for m in detail["memories"])
     assert recall.structured_content["context"] == recall.content[0].text
     assert recall.structured_content["tokens"] > 0
+
+    assert "where" in tools["recall"].input_schema["properties"]
+    only_chat = out["recall_where"].structured_content["memories"]
+    assert [m["content"] for m in only_chat] == ["The user prefers metric units"]
+    got = out["get"].structured_content
+    assert not out["get"].is_error and "Miso" in got["content"] and got["archived"] is False
+    assert out["get_missing"].is_error and "m-00000000000000ff" in text_of(out["get_missing"])
+    listed = out["list"].structured_content
+    assert listed["total"] == 1 and listed["memories"][0]["metadata"] == {"source": "chat"}
 
     assert not out["clusters"].is_error
     assert "clusters" in out["clusters"].structured_content
@@ -180,7 +204,7 @@ def test_tools_explain_a_stopped_daemon(tmp_path: Path) -> None:
 
         async def body(s: ClientSession) -> Any:
             tools = await s.list_tools()  # the server itself starts without a daemon
-            assert len(tools.tools) == 5
+            assert {"remember", "recall", "get", "list"} <= {t.name for t in tools.tools}
             return await s.call_tool("recall", {"query": "anything"})
 
         result = run_session(missing, tmp_path / "mcp.err", body)
@@ -229,7 +253,7 @@ def test_server_info_descriptions_and_output_schemas(tmp_path: Path) -> None:
         init, tools = run_session_info(_params(Path(short) / "x.sock"), tmp_path / "e", body)
     assert init.server_info.name == "clagd"
     assert init.server_info.version == __version__
-    assert len(tools) == 5
+    assert {"remember", "recall", "get", "list"} <= {t.name for t in tools}
     for tool in tools:
         desc = tool.description or ""
         assert desc and desc == inspect.cleandoc(desc), tool.name

@@ -129,7 +129,11 @@ def test_every_op_replies_as_the_doc_says(daemon: InProcessDaemon) -> None:
         call("add", content="Alice drinks green tea", metadata={"source": "chat"})
         items = [{"content": f"a note about the garden, number {i}"} for i in range(4)]
         call("add", items=items)
-        call("query", text="what does alice drink", max_memories=3)
+        found = call("query", text="what does alice drink", max_memories=3)
+        call("query", text="what does alice drink", where={"source": "chat"})
+        call("get", memory_id=found["memories"][0]["id"])
+        call("list", where={"source": "chat"}, since="1h", limit=10)
+        call("list", include_archive=True)
         call("round", n=2)
         session = call("recluster", backend="none")
         call("clusters", include_archive=True)
@@ -163,6 +167,9 @@ def test_error_replies_have_the_doc_shape_and_codes(daemon: InProcessDaemon) -> 
             (b'{"id": 2, "op": "query", "text": ""}', "bad_request"),
             (b'{"id": 3, "op": "revert", "ref": "0123abcd"}', "not_found"),
             (b'{"id": 4, "op": "add", "content": ""}', "invalid_memory"),
+            (b'{"id": 5, "op": "get", "memory_id": "m-0000000000000000"}', "not_found"),
+            (b'{"id": 6, "op": "list", "since": "last tuesday"}', "bad_request"),
+            (b'{"id": 7, "op": "query", "text": "x", "where": {"k": [1]}}', "bad_request"),
         ):
             reply = c.send(line)
             assert set(reply) == {"id", "ok", "error"} and reply["ok"] is False, reply

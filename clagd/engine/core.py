@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clagd.config import Config, load_config
-from clagd.engine import archive, history, summary
+from clagd.engine import archive, history, lookup, summary
 from clagd.engine.hooks import EngineHooks, PreparedIndex, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideChange, OutsideEdits
@@ -32,6 +32,8 @@ from clagd.engine.results import (
     Log,
     LogEntry,
     MemoryHit,
+    MemoryList,
+    MemoryRecord,
     QueryResult,
     Reverted,
     Rounds,
@@ -45,7 +47,7 @@ from clagd.errors import BadRequest, Conflict, Paused, StoreError
 from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
 from clagd.model import Memory, iso_utc
-from clagd.protocol import QueryParams
+from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.store.create import is_store
@@ -72,7 +74,9 @@ def answer(
     """A query's reply from one index snapshot (`took_ms`: since `started`, a
     `time.perf_counter()`; 0 without it), with the memory and cluster ids it returned
     (what the access statistics count)."""
-    res = index.search(q.text, q.max_memories, q.token_budget, archive=archive, clusters=clusters)
+    res = index.search(
+        q.text, q.max_memories, q.token_budget, archive=archive, clusters=clusters, where=q.where
+    )
     out = QueryResult(
         tuple(MemoryHit.of(h, h.cluster_id in archived_ids) for h in res.memories),
         tuple(ClusterScore(cid, name, round(float(sc), 4)) for cid, name, sc in res.clusters),
@@ -504,6 +508,15 @@ class Engine:
         if self.rounds_since_session >= self.config.session.dialogue_round_threshold:
             self._threshold("rounds")
         return Rounds(self.rounds_since_session)
+
+    def get(self, mid: object) -> MemoryRecord:
+        """One memory by id, hot or archived (`engine.lookup`); NotFound names the id."""
+        return lookup.get_memory(self.index, self.archive_index(), mid)
+
+    def list_memories(self, params: ListParams) -> MemoryList:
+        """The newest memories a filter lets through (`engine.lookup`)."""
+        archive_idx = self.archive_index() if params.include_archive else None
+        return lookup.list_memories(self.index, archive_idx, params)
 
     def clusters(self, include_archive: bool = False) -> ClusterList:
         out = []

@@ -84,6 +84,42 @@ class MemoryHit:
 
 
 @dataclass(frozen=True)
+class MemoryRecord:
+    """`get`, and each memory `list` gives: a memory and where it is filed."""
+
+    id: str
+    content: str
+    created_at: str
+    metadata: Mapping[str, object]
+    cluster_id: str | None
+    cluster_name: str
+    archived: bool
+
+    @classmethod
+    def of(cls, hit: Hit, archived: bool) -> MemoryRecord:
+        m = hit.memory
+        return cls(
+            m.id,
+            m.content,
+            m.created_at,
+            dict(m.metadata),
+            hit.cluster_id,
+            hit.cluster_name,
+            archived,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryList:
+    """`list`: the newest memories the filter lets through (at most `limit`), and how many
+    it lets through in all (`total`)."""
+
+    memories: tuple[MemoryRecord, ...]
+    total: int
+    limit: int
+
+
+@dataclass(frozen=True)
 class ClusterScore:
     """One cluster a query chose, with its cluster-level score."""
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clagd.protocol import Where, where_matches
 from clagd.retrieval.results import (
     UNSORTED_NAME,
     Hit,
@@ -43,6 +44,7 @@ def search(
     archive: Index | None = None,
     now: datetime | None = None,
     clusters: Sequence[str] | None = None,
+    where: Where = (),
 ) -> SearchResult:
     """`Index.search` (see there)."""
     k = ix.cfg.max_memories if max_memories is None else max_memories
@@ -50,7 +52,7 @@ def search(
     if k <= 0:
         return SearchResult()
     cacheable = archive is None and now is None and not ix.cfg.use_freshness
-    key = (text, k, budget, tuple(clusters) if clusters is not None else None)
+    key = (text, k, budget, tuple(clusters) if clusters is not None else None, where)
     if cacheable:
         hit = ix.results.get(key)
         if hit is not None:
@@ -59,9 +61,11 @@ def search(
     ts = now.timestamp() if now is not None else None
     limit = k if budget <= 0 and archive is None else k * 3 + 8
     rarity = ix.cfg.min_term_rarity > 0
-    hits, chosen = rank(ix, q, limit, ts, clusters, rarity)
+    allowed = where_mask(ix, where) if where else None
+    hits, chosen = rank(ix, q, limit, ts, clusters, rarity, allowed)
     if archive is not None:
-        a_hits, a_chosen = rank(archive, q, limit, ts, rarity=rarity)
+        a_allowed = where_mask(archive, where) if where else None
+        a_hits, a_chosen = rank(archive, q, limit, ts, rarity=rarity, allowed=a_allowed)
         hits = sorted(hits + a_hits, key=lambda r: -r[0].score)
         chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
     out = cut(ix, hits, k, budget)
@@ -124,10 +128,12 @@ def rank(
     now: float | None,
     only: Sequence[str] | None = None,
     rarity: bool = False,
+    allowed: np.ndarray | None = None,
 ) -> tuple[list[Ranked], list[tuple[str, str, float]]]:
     """The best `limit` memories for these query words (with the token cost of each and,
     with `rarity` (the rare-term cut is on), their query terms' weights) and the clusters
-    chosen for them. `only`: the clusters the caller (SLM refinement) chose."""
+    chosen for them. `only`: the clusters the caller (SLM refinement) chose. `allowed`
+    (`where_mask`): only these slots are candidates, each eligible wherever it is filed."""
     get = ix.vocab.get
     q = [i for i in map(get, words) if i is not None]
     if not q or ix.memories.n_alive == 0:
@@ -140,7 +146,13 @@ def rank(
     if smax <= 0 and not chosen:
         return [], []
     cand = candidates(ix, s, selected)
-    score = final_scores(ix, cand, s, smax, c_norm, selected, now)
+    if allowed is not None:
+        # the filter stands in for the cluster choice: every memory it lets through
+        # that has its own evidence is a candidate, and no other memory is
+        own = np.flatnonzero(allowed & (s > 0))
+        cand = sorted_set(np.concatenate((cand, own)), len(s))
+        cand = cand[allowed[cand]]
+    score = final_scores(ix, cand, s, smax, c_norm, selected, now, allowed is not None)
     weight = ix.memory_bm25.weights(q) if rarity else None
     return top_hits(ix, cand, score, limit, weight), chosen
 
@@ -212,9 +224,12 @@ def final_scores(
     c_norm: np.ndarray,
     selected: np.ndarray,
     now: float | None,
+    filtered: bool = False,
 ) -> np.ndarray:
     """Final scores of the candidates (0: not eligible): normalized BM25, plus cluster
-    and neighbour evidence, times quality, superseded memories below their successors."""
+    and neighbour evidence, times quality, superseded memories below their successors.
+    `filtered`: the candidates are what a metadata filter let through, each at home
+    wherever it is filed."""
     cfg, m = ix.cfg, ix.memories
     group = m.group[cand]
     sc = s[cand]
@@ -225,6 +240,8 @@ def final_scores(
     # (own evidence in the unsorted area); with time neighbours also the neighbour of
     # such a memory with its own evidence, wherever it is filed
     home = ix.unsorted[cand] | selected[group]
+    if filtered:
+        home = np.ones(len(cand), dtype=bool)
     eligible = (sc > 0) & home
     if cfg.neighbor_weight:
         prev, nxt = links(ix)
@@ -351,6 +368,29 @@ def _rarest(ix: Index, slot: int, weight: dict[int, float], starts: list[int]) -
     j = slot - seg.start
     terms = seg.ftid[int(seg.fptr[j]) : int(seg.fptr[j + 1])].tolist()
     return max((weight.get(t, 0.0) for t in terms), default=0.0)
+
+
+MAX_FILTERS = 64  # filters remembered per snapshot
+
+
+def where_mask(ix: Index, where: Where) -> np.ndarray:
+    """Which slots a metadata filter lets through: a bool per slot, live ones only, plus
+    a False at the end (the padded score array's index -1). One pass over the snapshot's
+    memories per filter, remembered by the snapshot (it never changes)."""
+    mask = ix.filters.get(where)
+    if mask is not None:
+        return mask
+    m = ix.memories
+    n = len(m.alive)
+    mask = np.zeros(n + 1, dtype=bool)
+    mems = m.mems
+    for slot in np.flatnonzero(m.alive).tolist():
+        if where_matches(mems[slot].metadata, where):
+            mask[slot] = True
+    if len(ix.filters) >= MAX_FILTERS:
+        ix.filters.clear()
+    ix.filters[where] = mask
+    return mask
 
 
 def sorted_set(slots: np.ndarray, n: int) -> np.ndarray:

@@ -21,10 +21,11 @@ import numpy as np
 
 from clagd.config import Config, IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory
-from clagd.retrieval import routing, searching
+from clagd.protocol import Where
+from clagd.retrieval import listing, routing, searching
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.postings import ClusterSlots, MemorySlots, forward
-from clagd.retrieval.results import ResultCache, SearchResult
+from clagd.retrieval.results import Hit, ResultCache, SearchResult
 from clagd.retrieval.scoring import BM25
 from clagd.retrieval.writing import LooseTids, TermsOf, written
 from clagd.text import tokenize
@@ -72,6 +73,8 @@ class Index:
         self.memory_bm25 = BM25(m.segs, m.alive, m.length, m.n_alive, m.total_len, self.cfg)
         self.cluster_bm25 = BM25(c.segs, c.alive, c.length, len(c.slot_of), c.total_len, self.cfg)
         self.results = ResultCache()
+        # metadata filter -> which slots it lets through (`searching.where_mask`)
+        self.filters: dict[Where, np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -234,9 +237,15 @@ class Index:
         archive: Index | None = None,
         now: datetime | None = None,
         clusters: Sequence[str] | None = None,
+        where: Where = (),
     ) -> SearchResult:
         """Top memories for `text`: ranked by score, deduplicated, cut to k and the budget
         (`retrieval.searching`).
+
+        `where` (metadata key, value) pairs keep only the memories whose metadata holds
+        them all; the filter takes the place of the cluster choice (every memory it lets
+        through is eligible, wherever it is filed) and applies before the cut, so a
+        filtered query fills its `max_memories` and budget from the memories that match.
 
         `token_budget` None means the configured budget; 0 or less means no budget.
         `archive` is another snapshot (the archived clusters) merged into the ranking.
@@ -247,7 +256,20 @@ class Index:
         changes, so a repeated query on it has the same answer; a new snapshot starts
         empty.
         """
-        return searching.search(self, text, max_memories, token_budget, archive, now, clusters)
+        return searching.search(
+            self, text, max_memories, token_budget, archive, now, clusters, where
+        )
+
+    def find(self, mid: str) -> Hit | None:
+        """Memory `mid` where this snapshot files it (score 0), or None (`retrieval.listing`)."""
+        return listing.find(self, mid)
+
+    def newest(
+        self, where: Where = (), since: float | None = None, limit: int = 100
+    ) -> tuple[list[Hit], int]:
+        """The `limit` newest memories that `where` and `since` (epoch seconds) let
+        through, and how many do in all (`retrieval.listing`)."""
+        return listing.newest(self, where, since, limit)
 
     def cluster_candidates(self, text: str, n: int) -> list[tuple[str, str, float]]:
         """The `n` best hot clusters for `text` by profile BM25 (positive scores only):

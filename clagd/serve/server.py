@@ -22,6 +22,7 @@ from typing import Any
 from clagd.engine.core import Engine
 from clagd.errors import BadRequest, ClagdError, GitFailed, StoreError
 from clagd.protocol import (
+    ListParams,
     QueryParams,
     error_reply,
     fits_af_unix,
@@ -351,6 +352,8 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     d.op("status", lambda p: engine.status())
     d.op("add", lambda p: engine.add(_items(p), source=_source(p)))
     d.op("query", lambda p: engine.run_query(QueryParams.from_request(p)))
+    d.op("get", lambda p: engine.get(p.get("memory_id")))
+    d.op("list", lambda p: engine.list_memories(ListParams.from_request(p)))
     d.op(
         "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
     )

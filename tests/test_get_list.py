@@ -1,0 +1,85 @@
+"""`get`, `list` and `where` against a real daemon over its Unix socket, through the
+client: a filtered query fills its answer; bad input is refused naming what was typed."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import InProcessDaemon
+
+from clagd.client import Client, ClientError, MemoryList, MemoryRecord
+
+
+def _fill(c: Client) -> None:
+    web = [
+        {"content": f"watered the garden tomatoes, round {i}", "metadata": {"source": "web"}}
+        for i in range(20)
+    ]
+    chat = [
+        {
+            "content": f"the user asked about the garden fence, time {i}",
+            "metadata": {"source": "chat", "user": "alice" if i % 2 else "bob"},
+            "created_at": f"2026-01-0{i + 1}T10:00:00Z",
+        }
+        for i in range(6)
+    ]
+    c.add_many(web + chat)
+
+
+def test_a_filtered_query_fills_its_answer_from_the_matches(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        _fill(c)
+        c.recluster()
+        plain = c.query("garden", max_memories=4)
+        assert {m.metadata["source"] for m in plain.memories} == {"web"}
+        res = c.query("garden", max_memories=4, where={"source": "chat"})
+        assert len(res.memories) == 4, res.context
+        assert {m.metadata["source"] for m in res.memories} == {"chat"}
+        both = c.query("garden fence", where={"source": "chat", "user": "alice"})
+        assert len(both.memories) == 3
+        assert {m.metadata["user"] for m in both.memories} == {"alice"}
+        assert c.query("garden", where={"source": "mail"}).memories == []
+
+
+def test_get_one_memory_and_its_errors(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        _fill(c)
+        hit = c.query("fence", max_memories=1).memories[0]
+        got = c.get(hit.id)
+        assert isinstance(got, MemoryRecord)
+        assert (got.id, got.content, got.metadata) == (hit.id, hit.content, hit.metadata)
+        assert got.cluster_id == hit.cluster_id and got.archived is False
+        with pytest.raises(ClientError) as unknown:
+            c.get("m-00000000000000ff")
+        assert unknown.value.code == "not_found" and "m-00000000000000ff" in unknown.value.message
+        with pytest.raises(ClientError) as bad:
+            c.get("hello")
+        assert bad.value.code == "bad_request" and "'hello'" in bad.value.message
+
+
+def test_list_filters_orders_and_limits(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        _fill(c)
+        everything = c.list_memories(limit=1000)
+        assert isinstance(everything, MemoryList) and everything.total == 26
+        chat = c.list_memories(where={"source": "chat"}, limit=4)
+        assert (chat.total, chat.limit, len(chat.memories)) == (6, 4, 4)
+        assert [m.created_at[:10] for m in chat.memories] == [
+            "2026-01-06",
+            "2026-01-05",
+            "2026-01-04",
+            "2026-01-03",
+        ]
+        since = c.list_memories(where={"source": "chat"}, since="2026-01-05")
+        assert [m.created_at[:10] for m in since.memories] == ["2026-01-06", "2026-01-05"]
+        recent = c.list_memories(since="1h")  # the web notes were made just now
+        assert recent.total == 20
+        with pytest.raises(ClientError) as bad_since:
+            c.list_memories(since="last tuesday")
+        assert bad_since.value.code == "bad_request"
+        assert "'last tuesday'" in bad_since.value.message
+        with pytest.raises(ClientError) as bad_where:
+            c.list_memories(where={"tags": ["a", "b"]})
+        assert bad_where.value.code == "bad_request" and "'tags'" in bad_where.value.message
+        with pytest.raises(ClientError) as bad_limit:
+            c.list_memories(limit=0)
+        assert "'limit'" in bad_limit.value.message
