@@ -3,9 +3,13 @@ client: a filtered query fills its answer; bad input is refused naming what was 
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from click.testing import CliRunner, Result
 from helpers import InProcessDaemon
 
+from clagd.cli import main
 from clagd.client import Client, ClientError, MemoryList, MemoryRecord
 
 
@@ -83,3 +87,43 @@ def test_list_filters_orders_and_limits(daemon: InProcessDaemon) -> None:
         with pytest.raises(ClientError) as bad_limit:
             c.list_memories(limit=0)
         assert "'limit'" in bad_limit.value.message
+
+
+def _cli(daemon: InProcessDaemon, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--socket", str(daemon.socket), *args])
+
+
+def test_cli_get_list_and_query_where(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        _fill(c)
+    listed = _cli(daemon, "list", "--where", "source=chat", "--where", "user=alice", "--json")
+    assert listed.exit_code == 0, listed.output
+    data = json.loads(listed.output)
+    assert data["total"] == 3 and {m["metadata"]["user"] for m in data["memories"]} == {"alice"}
+    text = _cli(daemon, "list", "--where", "source=chat", "-n", "2")
+    assert text.exit_code == 0
+    lines = text.output.splitlines()
+    assert len(lines) == 3 and lines[-1] == "(2 of 6, newest first; --limit N for more)"
+    first_id = lines[0].split()[0]
+    assert "2026-01-06T10:00:00" in lines[0] and "garden fence, time 5" in lines[0]
+    got = _cli(daemon, "get", first_id)
+    assert got.exit_code == 0
+    assert got.output.splitlines()[0] == first_id and "source=chat" in got.output
+    q = _cli(daemon, "query", "garden", "-k", "3", "--where", "source=chat", "--json")
+    assert {m["metadata"]["source"] for m in json.loads(q.output)["memories"]} == {"chat"}
+    assert len(json.loads(q.output)["memories"]) == 3
+
+
+def test_cli_bad_input_names_what_was_typed(daemon: InProcessDaemon) -> None:
+    bad_where = _cli(daemon, "list", "--where", "sourcechat")
+    assert bad_where.exit_code == 2 and "'sourcechat'" in bad_where.output
+    assert "KEY=VALUE" in bad_where.output
+    bad_q = _cli(daemon, "query", "x", "--where", "=chat")
+    assert bad_q.exit_code == 2 and "'=chat'" in bad_q.output
+    bad_since = _cli(daemon, "list", "--since", "yesterdayish")
+    assert bad_since.exit_code == 2 and "'yesterdayish'" in bad_since.output
+    unknown = _cli(daemon, "get", "m-00000000000000ff")
+    assert unknown.exit_code == 1
+    assert "m-00000000000000ff" in unknown.output and "no memory" in unknown.output
+    typo = _cli(daemon, "get", "m-123")
+    assert typo.exit_code == 1 and "'m-123' is not a memory id" in typo.output

@@ -2,12 +2,12 @@
 and `eval`). Errors are one line on stderr and a non-zero exit. `base` holds the context,
 exit statuses and output; each other module adds its commands to `main` when imported:
 `serving` (init, run, follow, sync, install-service, mcp), `memories` (add, import, query,
-export), `inspect` (status, clusters, log), `organizing` (revert, recluster, archive) and
-`models` (backend, doctor, eval, model)."""
+export), `reading` (get, list, and query's --where), `inspect` (status, clusters, log),
+`organizing` (revert, recluster, archive) and `models` (backend, doctor, eval, model)."""
 
 from __future__ import annotations
 
-from clagd.cli import inspect, memories, models, organizing, serving
+from clagd.cli import inspect, memories, models, organizing, reading, serving
 from clagd.cli.base import (
     EXIT_BAD_CONFIG,
     EXIT_ERROR,
@@ -33,6 +33,7 @@ __all__ = [
     "memories",
     "models",
     "organizing",
+    "reading",
     "serving",
     "terminal_safe",
 ]

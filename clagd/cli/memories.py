@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from clagd.cli.base import EXIT_ERROR, Ctx, Progress, emit, json_option, main, pass_ctx
+from clagd.cli.reading import where_option
 from clagd.protocol import MAX_MEMORIES_LIMIT
 
 
@@ -236,6 +237,7 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
     help="token budget of the context (0: none; default: the configured one)",
 )
 @click.option("--archive", "include_archive", is_flag=True, help="also search archived clusters")
+@where_option
 @json_option
 @pass_ctx
 def query(
@@ -244,11 +246,13 @@ def query(
     max_memories: int | None,
     token_budget: int | None,
     include_archive: bool,
+    where: dict[str, Any],
     as_json: bool,
 ) -> None:
-    """Relevant memories for TEXT, as a context block."""
+    """Relevant memories for TEXT, as a context block (--where: only memories with that
+    metadata, the answer filled from them)."""
     with c.client() as cl:
-        res = cl.query(text, max_memories, token_budget, include_archive)
+        res = cl.query(text, max_memories, token_budget, include_archive, where=where or None)
     emit(res.raw, as_json, res.context or "(no relevant memories)")
 
 
