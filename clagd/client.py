@@ -48,6 +48,7 @@ from clagd.protocol import (
     store_owner,
     user_name,
 )
+from clagd.scopes import DEFAULT_SCOPE, check_scope
 
 __all__ = [
     "Client",
@@ -111,6 +112,7 @@ class MemoryHit:
     score: float
     created_at: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    scope: str = DEFAULT_SCOPE
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MemoryHit:
@@ -122,6 +124,7 @@ class MemoryHit:
             score=float(d.get("score") or 0.0),
             created_at=d.get("created_at"),
             metadata=dict(d.get("metadata") or {}),
+            scope=str(d.get("scope") or DEFAULT_SCOPE),
         )
 
 
@@ -222,6 +225,9 @@ class Client:
     `ClientError` (with the protocol `code`), an absent daemon `DaemonNotRunning`, a garbled
     reply `ProtocolError`, and a reply that does not come within `timeout` seconds
     `DaemonTimeout` (the connection is then dropped, since its reply stream is out of step).
+
+    `scope`: the scope (`clagd.scopes`) every call that reads or writes memories works in
+    unless it names one itself; None: the daemon's default scope.
     """
 
     def __init__(
@@ -229,7 +235,9 @@ class Client:
         socket_path: str | os.PathLike[str],
         timeout: float | None = 30.0,
         owner: int | None = None,
+        scope: str | None = None,
     ) -> None:
+        self.scope = None if scope is None else check_scope(scope)
         self.socket_path = Path(socket_path)
         self.timeout = timeout
         # who may answer: the daemon's expected uid (the store's owner), ours, or root
@@ -240,12 +248,21 @@ class Client:
         self._lock = threading.RLock()
 
     @classmethod
-    def for_store(cls, store: str | os.PathLike[str], timeout: float | None = 30.0) -> Client:
+    def for_store(
+        cls,
+        store: str | os.PathLike[str],
+        timeout: float | None = 30.0,
+        scope: str | None = None,
+    ) -> Client:
         """A client for the daemon that serves `store`: at $CLAGD_SOCKET when set, else at the
         `server.socket` of the store's clagd.yaml, else at its default socket (the one
         resolution the CLI and the daemon use, `protocol.resolve_socket`); only a daemon of
-        the store's owner may answer."""
-        return cls(resolve_socket(store), timeout=timeout, owner=store_owner(store))
+        the store's owner may answer. `scope`: as for `Client`."""
+        return cls(resolve_socket(store), timeout=timeout, owner=store_owner(store), scope=scope)
+
+    def _scope(self, scope: str | None) -> str | None:
+        """The scope a call sends: its own, else the client's (None: the default)."""
+        return self.scope if scope is None else check_scope(scope)
 
     # -- connection
 
@@ -449,24 +466,32 @@ class Client:
         content: str,
         metadata: Mapping[str, Any] | None = None,
         created_at: str | None = None,
+        scope: str | None = None,
     ) -> dict[str, Any]:
-        """Store one memory (committed before the reply); returns the daemon's add result."""
+        """Store one memory (committed before the reply); returns the daemon's add result.
+        `scope`: whose memory it is (else the client's scope, else the default)."""
         item: dict[str, Any] = {"content": content}
         if metadata:
             item["metadata"] = dict(metadata)
         if created_at:
             item["created_at"] = created_at
-        return self.add_many([item])
+        return self.add_many([item], scope=scope)
 
     def add_many(
-        self, items: Iterable[Mapping[str, Any]], source: str | None = None
+        self,
+        items: Iterable[Mapping[str, Any]],
+        source: str | None = None,
+        scope: str | None = None,
     ) -> dict[str, Any]:
         """Store several memories in one commit; each item is `{content, metadata?, created_at?}`.
         `source` names where they came from in the commit subject: "socket" (the default) or
-        "import" (`clagd import`)."""
+        "import" (`clagd import`). `scope`: as for `add` (an item naming another is refused)."""
         params: dict[str, Any] = {"items": [dict(i) for i in items]}
         if source is not None:
             params["source"] = source
+        chosen = self._scope(scope)
+        if chosen is not None:
+            params["scope"] = chosen
         return self.request("add", params)
 
     def query(
@@ -476,11 +501,22 @@ class Client:
         token_budget: int | None = None,
         include_archive: bool = False,
         where: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+        scopes: Iterable[str] = (),
     ) -> QueryResult:
         """The memories relevant to `text`. `where`: only memories whose metadata has each
         of these scalar values (exact match, ANDed), applied before the cut to
-        `max_memories` and the budget."""
-        params = QueryParams(text, max_memories, token_budget, include_archive).to_request()
+        `max_memories` and the budget. `scope`: the scope searched (else the client's,
+        else the default), with the `scopes` named besides; no other scope's memory is
+        ever returned."""
+        params = QueryParams(
+            text,
+            max_memories,
+            token_budget,
+            include_archive,
+            scope=self._scope(scope),
+            scopes=tuple(scopes),
+        ).to_request()
         if where:
             params["where"] = dict(where)  # checked by the daemon, which names what is wrong
         return QueryResult.from_dict(_object(self.request("query", params), "query"))

@@ -71,6 +71,13 @@ class BadRequest(ClagdError):
     code = "bad_request"
 
 
+class BadScope(BadRequest):
+    """A scope name that breaks the rule (`clagd.scopes.SCOPE_RULE`); the message names
+    the value given."""
+
+    code = "bad_scope"
+
+
 class NotFound(ClagdError):
     code = "not_found"
 

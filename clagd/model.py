@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from clagd.scopes import DEFAULT_SCOPE, check_scope
+
 MEMORY_ID_RE = re.compile(r"^m-[0-9a-f]{16}$")
 CLUSTER_ID_RE = re.compile(r"^c-[0-9a-f]{8,32}$")
 # whitespace, C0 and C1 control characters (ESC, BEL, CR, ...) and DEL: runs of them are
@@ -56,14 +58,19 @@ def one_line(text: str) -> str:
     return _WS_RE.sub(" ", text).strip()
 
 
-def memory_id(content: str) -> str:
-    return normalized_id(normalize_content(content))
+def memory_id(content: str, scope: str = DEFAULT_SCOPE) -> str:
+    """The id of this content in this scope: a hash, so the same memory dropped twice in
+    one scope is stored once, and the same text in two scopes is two memories."""
+    return normalized_id(normalize_content(content), scope)
 
 
-def normalized_id(normalized: str) -> str:
+def normalized_id(normalized: str, scope: str = DEFAULT_SCOPE) -> str:
     """`memory_id` of content that `normalize_content` has made already (a tenth of the
-    cost: normalizing is the rest)."""
-    return "m-" + hashlib.sha256(normalized.encode("utf-8")).hexdigest()[:16]
+    cost: normalizing is the rest). The default scope hashes the content alone (the ids of
+    a store written before scopes); another scope hashes "<scope>\n<content>" (normalized
+    content holds no newline, so no id of one scope can be an id of another)."""
+    key = normalized if scope == DEFAULT_SCOPE else f"{scope}\n{normalized}"
+    return "m-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
 def new_id(prefix: str, stamped: bool = False) -> str:
@@ -109,27 +116,41 @@ class Memory:
     content: str
     created_at: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    # who the memory belongs to (`clagd.scopes`); written to YAML only when not the default
+    scope: str = DEFAULT_SCOPE
 
     @classmethod
     def new(
-        cls, content: str, created_at: str | None = None, metadata: dict[str, Any] | None = None
+        cls,
+        content: str,
+        created_at: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        scope: str = DEFAULT_SCOPE,
     ) -> Memory:
         content = normalize_content(content)
-        return cls(memory_id(content), content, created_at or now_iso(), dict(metadata or {}))
+        scope = check_scope(scope)
+        return cls(
+            memory_id(content, scope), content, created_at or now_iso(), dict(metadata or {}), scope
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "content": self.content, "created_at": self.created_at}
+        if self.scope != DEFAULT_SCOPE:
+            d["scope"] = self.scope
         if self.metadata:
             d["metadata"] = self.metadata
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Memory:
+    def from_dict(cls, d: dict[str, Any], scope: str = DEFAULT_SCOPE) -> Memory:
+        """`scope`: the scope of a memory whose mapping names none (its cluster's)."""
+        given = d.get("scope")
         return cls(
             id=str(d["id"]),
             content=str(d["content"]),
             created_at=str(d.get("created_at") or ""),
             metadata=dict(d.get("metadata") or {}),
+            scope=scope if given is None else check_scope(given),
         )
 
 
@@ -145,6 +166,8 @@ class Cluster:
     pinned: bool = False
     # newer memory id -> older memory id it supersedes (conflicts found in sessions)
     supersedes: dict[str, str] = field(default_factory=dict)
+    # the scope of every memory in it (`clagd.scopes`); written only when not the default
+    scope: str = DEFAULT_SCOPE
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -155,6 +178,8 @@ class Cluster:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
+        if self.scope != DEFAULT_SCOPE:
+            d["scope"] = self.scope
         if self.pinned:
             d["pinned"] = True
         if self.supersedes:
@@ -164,6 +189,10 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Cluster:
+        """A memory that names no scope takes the cluster's; one naming another scope is
+        kept as it says (the loader refuses the file: a cluster never mixes scopes)."""
+        given = d.get("scope")
+        scope = DEFAULT_SCOPE if given is None else check_scope(given)
         return cls(
             id=str(d["id"]),
             name=str(d.get("name") or ""),
@@ -171,7 +200,8 @@ class Cluster:
             tags=[str(t) for t in (d.get("tags") or [])],
             created_at=str(d.get("created_at") or ""),
             updated_at=str(d.get("updated_at") or ""),
-            memories=[Memory.from_dict(m) for m in (d.get("memories") or [])],
+            memories=[Memory.from_dict(m, scope) for m in (d.get("memories") or [])],
             pinned=bool(d.get("pinned", False)),
             supersedes={str(k): str(v) for k, v in (d.get("supersedes") or {}).items()},
+            scope=scope,
         )

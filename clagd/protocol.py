@@ -30,6 +30,7 @@ from typing import Any
 from clagd import errors
 from clagd.config import load_config
 from clagd.model import parse_time
+from clagd.scopes import check_scopes, scope_or_default
 
 # sun_path holds 108 bytes on Linux and 104 on the BSDs and macOS, the final NUL included:
 # the longest socket path that can be bound is one byte less.
@@ -399,17 +400,28 @@ class QueryParams:
     token_budget: int | None = None  # None: the configured budget; 0: no budget
     include_archive: bool = False
     where: Where = ()  # metadata filter, applied inside retrieval (before the cut)
+    scope: str | None = None  # None: the default scope
+    scopes: tuple[str, ...] = ()  # more scopes the query sees, named explicitly
 
     @classmethod
     def from_request(cls, params: Mapping[str, Any]) -> QueryParams:
         """From a request's parameters (unknown keys are ignored), checked."""
+        extra = params.get("scopes") or ()
+        if not isinstance(extra, (list, tuple)):
+            raise errors.BadRequest("'scopes' must be a list of scope names")
         return cls(
             text=params.get("text", ""),  # any type: check() says what is wrong
             max_memories=params.get("max_memories"),
             token_budget=params.get("token_budget"),
             include_archive=bool(params.get("include_archive", False)),
             where=check_where(params.get("where")),
+            scope=params.get("scope"),
+            scopes=tuple(extra),
         ).check()
+
+    def visible(self) -> frozenset[str]:
+        """The scopes this query sees: its scope and the ones it names."""
+        return frozenset((scope_or_default(self.scope), *self.scopes))
 
     def check(self) -> QueryParams:
         """Raise BadRequest naming the first bad parameter."""
@@ -425,6 +437,8 @@ class QueryParams:
         b = self.token_budget
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0):
             raise errors.BadRequest("'token_budget' must be a non-negative integer")
+        scope_or_default(self.scope)
+        check_scopes(self.scopes)
         return self
 
     def to_request(self) -> dict[str, Any]:
@@ -438,6 +452,10 @@ class QueryParams:
             out["include_archive"] = True
         if self.where:
             out["where"] = dict(self.where)
+        if self.scope is not None:
+            out["scope"] = self.scope
+        if self.scopes:
+            out["scopes"] = list(self.scopes)
         return out
 
 

@@ -64,6 +64,7 @@ def test_to_wire_is_the_fields_in_order_and_leaves_out_what_is_omitted_while_non
                 "created_at": "2024-01-01T00:00:00Z",
                 "metadata": {"k": [1, [2, 3]]},
                 "archived": False,
+                "scope": "default",
             }
         ],
         "clusters": [{"id": "c-1", "name": "drinks", "score": 0.25}],

@@ -50,6 +50,7 @@ from clagd.model import Memory, iso_utc
 from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
+from clagd.scopes import check_scope
 from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
@@ -75,7 +76,13 @@ def answer(
     `time.perf_counter()`; 0 without it), with the memory and cluster ids it returned
     (what the access statistics count)."""
     res = index.search(
-        q.text, q.max_memories, q.token_budget, archive=archive, clusters=clusters, where=q.where
+        q.text,
+        q.max_memories,
+        q.token_budget,
+        archive=archive,
+        clusters=clusters,
+        where=q.where,
+        scopes=q.visible(),
     )
     out = QueryResult(
         tuple(MemoryHit.of(h, h.cluster_id in archived_ids) for h in res.memories),
@@ -344,11 +351,13 @@ class Engine:
         return idx
 
     # -- adding ---------------------------------------------------------------------------
-    def add(self, raw_items: list[Any], source: str = "socket") -> Added:
-        """Validate every item first (all or nothing), then commit them as one batch."""
+    def add(self, raw_items: list[Any], source: str = "socket", scope: object = None) -> Added:
+        """Validate every item first (all or nothing), then commit them as one batch.
+        `scope`: the request's (None: the default; an item may name it again, not another)."""
         if not isinstance(raw_items, list) or not raw_items:
             raise BadRequest("'items' must be a non-empty list")
-        items = [validate_item(r, f"item {i + 1}") for i, r in enumerate(raw_items)]
+        given = None if scope is None else check_scope(scope)
+        items = [validate_item(r, f"item {i + 1}", given) for i, r in enumerate(raw_items)]
         return Added.of(self.ingest(items, source=source))
 
     def ingest(self, items: list[Item], source: str = "inbox", files: int = 0) -> IngestResult:
@@ -469,9 +478,14 @@ class Engine:
         token_budget: int | None = None,
         include_archive: bool = False,
         count_round: bool = True,
+        scope: str | None = None,
+        scopes: tuple[str, ...] = (),
     ) -> QueryResult:
-        """Answer a query (the DESIGN shape: memories, clusters, context, tokens)."""
-        params = QueryParams(text, max_memories, token_budget, include_archive)
+        """Answer a query (the DESIGN shape: memories, clusters, context, tokens) from the
+        memories of `scope` (None: the default) and of the `scopes` named besides."""
+        params = QueryParams(
+            text, max_memories, token_budget, include_archive, scope=scope, scopes=scopes
+        )
         return self.run_query(params.check(), count_round)
 
     def run_query(self, q: QueryParams, count_round: bool = True) -> QueryResult:
@@ -481,7 +495,7 @@ class Engine:
         index = self.index  # one snapshot for the whole query
         # optional SLM pick among the lexical candidates (None: the lexical choice)
         refiner = self.hooks.refiner
-        chosen = refiner.choose(index, q.text) if refiner is not None else None
+        chosen = refiner.choose(index, q.text, q.visible()) if refiner is not None else None
         archived_ids = {c.id for c in self._summaries if c.archived} if q.include_archive else set()
         out, memory_ids, cluster_ids = answer(
             index, q, archive_idx, chosen, archived_ids, started=t0

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from clagd.model import memory_id, normalize_content
+from clagd.scopes import DEFAULT_SCOPE, SCOPE_RE
 from clagd.store.durable import atomic_write_text
 from clagd.yamlio import YamlError, dumps, load_yaml_file
 
@@ -30,17 +31,23 @@ def fix_identities(root: Path, rel_paths: list[str], known: dict[str, str]) -> l
         mems = data.get("memories") if isinstance(data, dict) else None
         if not isinstance(mems, list):
             continue
-        if any([_fix(m, known, taken) for m in mems if isinstance(m, dict)]):
+        outer = data.get("scope")
+        if any([_fix(m, known, taken, outer) for m in mems if isinstance(m, dict)]):
             atomic_write_text(path, dumps(data), sync_dir=False)
             fixed.append(rel)
     return fixed
 
 
-def _fix(m: dict[str, object], known: dict[str, str], taken: set[str]) -> bool:
+def _fix(m: dict[str, object], known: dict[str, str], taken: set[str], outer: object) -> bool:
+    """`outer`: the file's `scope:` (a cluster's), the scope of a memory that names none."""
     content = m.get("content")
     if not isinstance(content, str) or not normalize_content(content):
         return False
-    new = memory_id(content)
+    scope = m.get("scope", outer)
+    scope = DEFAULT_SCOPE if scope is None else scope
+    if not isinstance(scope, str) or not SCOPE_RE.fullmatch(scope):
+        return False  # the loader names the bad scope
+    new = memory_id(content, scope)
     old = m.get("id")
     if old is None or old == "":
         if new in taken:

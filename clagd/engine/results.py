@@ -12,6 +12,7 @@ from clagd.ingest.batch import IngestResult
 from clagd.model import Cluster
 from clagd.protocol import OMIT_NONE
 from clagd.retrieval.index import Hit
+from clagd.scopes import DEFAULT_SCOPE
 from clagd.store.gitrepo import CommitInfo
 from clagd.store.history import HistoryEvent, HistoryStatus
 from clagd.store.packing import GcStatus
@@ -66,6 +67,7 @@ class MemoryHit:
     created_at: str
     metadata: Mapping[str, object]
     archived: bool
+    scope: str = DEFAULT_SCOPE
 
     @classmethod
     def of(cls, hit: Hit, archived: bool) -> MemoryHit:
@@ -80,6 +82,7 @@ class MemoryHit:
             m.created_at,
             dict(m.metadata),
             archived,
+            m.scope,
         )
 
 

@@ -68,12 +68,16 @@ def ingest_items(
     stamp = now_iso()
     batch_keys: set[str] = set()
     for it in items:
-        mid = normalized_id(it.content) if it.normalized else memory_id(it.content)
+        mid = (
+            normalized_id(it.content, it.scope)
+            if it.normalized
+            else memory_id(it.content, it.scope)
+        )
         if mid in keys or mid in batch_keys:
             res.duplicates.append(mid)
             continue
         batch_keys.add(mid)
-        fresh.append(Memory(mid, it.content, it.created_at or stamp, dict(it.metadata)))
+        fresh.append(Memory(mid, it.content, it.created_at or stamp, dict(it.metadata), it.scope))
     if not fresh:
         return res
     res.deferred = route_limit is not None and len(fresh) > route_limit
@@ -119,8 +123,9 @@ def _route_into_clusters(
     blocked: set[str] | None,
     stamp: str,
 ) -> tuple[dict[str, int], list[Memory]]:
-    """Append each memory with a strong match to that cluster (never to a `blocked` one).
-    Returns how many went into each cluster, and the memories that stay unsorted."""
+    """Append each memory with a strong match to that cluster (never to a `blocked` one,
+    never to a cluster of another scope). Returns how many went into each cluster, and the
+    memories that stay unsorted."""
     targets = route(mems)
     if len(targets) != len(mems):
         raise ValueError(f"the router gave {len(targets)} answers for {len(mems)} memories")
@@ -128,7 +133,7 @@ def _route_into_clusters(
     left: list[Memory] = []
     for m, cid in zip(mems, targets):
         cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
-        if cluster is None:
+        if cluster is None or cluster.scope != m.scope:
             left.append(m)
             continue
         ctx.touch_cluster(cluster.id)  # before the state changes: a failure puts it back

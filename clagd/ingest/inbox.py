@@ -20,9 +20,10 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clagd.errors import InboxRejected
+from clagd.errors import BadScope, InboxRejected
 from clagd.model import iso_utc, normalize_content, parse_time
 from clagd.protocol import user_name
+from clagd.scopes import DEFAULT_SCOPE, check_scope
 from clagd.yamlio import YamlError, loads
 
 log = logging.getLogger("clagd.inbox")
@@ -30,7 +31,7 @@ log = logging.getLogger("clagd.inbox")
 SUFFIXES = {".yaml", ".yml", ".json", ".md", ".txt"}
 IGNORED_ENDINGS = (".tmp", ".part", ".swp", "~")
 MAX_CONTENT_CHARS = 65_536
-KNOWN_KEYS = {"content", "metadata", "created_at"}
+KNOWN_KEYS = {"content", "metadata", "created_at", "scope"}
 
 
 def ignored_name(name: str) -> bool:
@@ -42,6 +43,7 @@ class Item:
     content: str
     created_at: str | None
     metadata: dict[str, Any]
+    scope: str = DEFAULT_SCOPE
     # set by `validate_item`: `content` is normalized already (its id is only a hash)
     normalized: bool = field(default=False, compare=False)
 
@@ -124,8 +126,29 @@ def _created_at_utc(value: Any) -> str | None:
     return iso_utc(dt)
 
 
-def validate_item(raw: Any, where: str = "item") -> Item:
-    """Check one mapping (from any format, or the socket `add` op) and normalise it."""
+def item_scope(raw: dict[str, Any], where: str, scope: str | None) -> str:
+    """The scope of one item: its own `scope:` key, else `scope` (the file's folder,
+    `inbox/<scope>/`, or the request's), else the default. A bad name, or an item naming
+    another scope than its folder's, is refused (code `bad_scope`) naming both."""
+    given = raw.get("scope")
+    try:
+        own = None if given is None else check_scope(given)
+        outer = None if scope is None else check_scope(scope)
+    except BadScope as exc:
+        raise InboxRejected(f"{where}: {exc}", BadScope.code) from None
+    if own is not None and outer is not None and own != outer:
+        raise InboxRejected(
+            f"{where}: 'scope' is {own!r} but it came in for scope {outer!r} "
+            "(its inbox folder or the request): one scope per item",
+            BadScope.code,
+        )
+    return own or outer or DEFAULT_SCOPE
+
+
+def validate_item(raw: Any, where: str = "item", scope: str | None = None) -> Item:
+    """Check one mapping (from any format, or the socket `add` op) and normalise it.
+    `scope`: the scope the item arrives in (its inbox folder's, the request's); an item's
+    own `scope:` key must agree with it (`item_scope`)."""
     if not isinstance(raw, dict):
         raise InboxRejected(f"{where}: expected a mapping with 'content', got {type(raw).__name__}")
     if "content" not in raw:
@@ -151,24 +174,33 @@ def validate_item(raw: Any, where: str = "item") -> Item:
             meta.setdefault(str(k), _jsonable(v))
     if "importance" in meta:
         check_importance(meta["importance"], f"{where}: metadata")
-    return Item(content, _created_at(raw.get("created_at")), meta, normalized=True)
+    return Item(
+        content,
+        _created_at(raw.get("created_at")),
+        meta,
+        item_scope(raw, where, scope),
+        normalized=True,
+    )
 
 
-def _items_from_data(data: Any, max_items: int) -> list[Item]:
+def _items_from_data(data: Any, max_items: int, scope: str | None) -> list[Item]:
     if isinstance(data, list):
         if not data:
             raise InboxRejected("the list is empty")
         if len(data) > max_items:
             raise InboxRejected(f"more than {max_items} items in one file")
-        return [validate_item(d, f"item {i + 1}") for i, d in enumerate(data)]
-    return [validate_item(data, "file")]
+        return [validate_item(d, f"item {i + 1}", scope) for i, d in enumerate(data)]
+    return [validate_item(data, "file", scope)]
 
 
-def parse_text(name: str, text: str, max_items: int = 10_000) -> list[Item]:
+def parse_text(
+    name: str, text: str, max_items: int = 10_000, scope: str | None = None
+) -> list[Item]:
     """Parse one inbox file's text by its suffix; raise InboxRejected with the reason,
-    whatever the parsers raise (deep nesting, a 5,000-digit integer, a date out of range)."""
+    whatever the parsers raise (deep nesting, a 5,000-digit integer, a date out of range).
+    `scope`: the scope of the file's items unless each names its own (`validate_item`)."""
     try:
-        return _parse_text(name, text, max_items)
+        return _parse_text(name, text, max_items, scope)
     except InboxRejected:
         raise
     except RecursionError:
@@ -177,20 +209,20 @@ def parse_text(name: str, text: str, max_items: int = 10_000) -> list[Item]:
         raise InboxRejected(f"cannot be parsed: {type(exc).__name__}: {exc}"[:300]) from None
 
 
-def _parse_text(name: str, text: str, max_items: int) -> list[Item]:
+def _parse_text(name: str, text: str, max_items: int, scope: str | None) -> list[Item]:
     suffix = Path(name).suffix.lower()
     if suffix in (".yaml", ".yml"):
         try:
             data = loads(text)
         except YamlError as exc:
             raise InboxRejected(f"bad YAML: {exc}") from None
-        return _items_from_data(data, max_items)
+        return _items_from_data(data, max_items, scope)
     if suffix == ".json":
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise InboxRejected(f"bad JSON: {exc}") from None
-        return _items_from_data(data, max_items)
+        return _items_from_data(data, max_items, scope)
     if suffix == ".md":
         front: dict[str, Any] = {}
         body = text
@@ -211,19 +243,24 @@ def _parse_text(name: str, text: str, max_items: int) -> list[Item]:
             body = "\n".join(lines[end + 1 :])
         if "content" in front:
             raise InboxRejected("front matter must not have 'content': the body is the content")
-        return [validate_item({**front, "content": body}, "file")]
+        return [validate_item({**front, "content": body}, "file", scope)]
     if suffix == ".txt":
-        return [validate_item({"content": text}, "file")]
+        return [validate_item({"content": text}, "file", scope)]
     raise InboxRejected(
         f"unsupported file type {suffix or '(none)'}: use .yaml .yml .json .md .txt"
     )
 
 
 def read_file(
-    path: Path, max_bytes: int, max_items: int, setting: str | None = "inbox.max_file_bytes"
+    path: Path,
+    max_bytes: int,
+    max_items: int,
+    setting: str | None = "inbox.max_file_bytes",
+    scope: str | None = None,
 ) -> list[Item]:
     """The items of one file. `setting`: the clagd.yaml key that sets `max_bytes`, named
-    when a file is over it (None: a fixed limit, `clagd import`'s)."""
+    when a file is over it (None: a fixed limit, `clagd import`'s). `scope`: as for
+    `parse_text` (the file's `inbox/<scope>/` folder)."""
     size = path.stat().st_size
     if size > max_bytes:
         where = f"{setting} in clagd.yaml" if setting else "a fixed limit"
@@ -239,7 +276,7 @@ def read_file(
         raise InboxRejected(f"not UTF-8: {exc}") from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    return parse_text(path.name, text, max_items)
+    return parse_text(path.name, text, max_items, scope)
 
 
 @dataclass

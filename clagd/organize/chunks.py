@@ -12,6 +12,7 @@ from clagd.organize.plan import NEW_PREFIX, Plan, PlanCluster
 from clagd.organize.prompts import organize_messages
 from clagd.organize.sample import Snapshot
 from clagd.organize.similarity import cluster_terms, terms
+from clagd.scopes import DEFAULT_SCOPE
 from clagd.text import estimate_tokens
 
 MAX_CANDIDATE_CLUSTERS = 8
@@ -20,8 +21,11 @@ MAX_NEW_PER_CHUNK = 6
 
 @dataclass
 class Chunk:
+    """Memories of one scope and the clusters of that scope the model may put them in."""
+
     memories: list[Memory]
     clusters: list[Cluster]
+    scope: str = DEFAULT_SCOPE
 
     @property
     def max_new(self) -> int:
@@ -33,8 +37,9 @@ def max_new_clusters(n_memories: int) -> int:
     return min(MAX_NEW_PER_CHUNK, max(1, math.ceil(n_memories / 2)))
 
 
-def _candidates(mems: list[Memory], snap: Snapshot, limit: int) -> list[Cluster]:
-    """The clusters a chunk's memories live in, then the lexically closest others."""
+def _candidates(mems: list[Memory], snap: Snapshot, limit: int, scope: str) -> list[Cluster]:
+    """The clusters a chunk's memories live in, then the lexically closest others: all of
+    the chunk's scope (a model never sees, so never names, another scope's cluster)."""
     own = []
     for m in mems:
         cid = snap.home.get(m.id)
@@ -43,7 +48,7 @@ def _candidates(mems: list[Memory], snap: Snapshot, limit: int) -> list[Cluster]
     words: set[str] = set()
     for m in mems:
         words |= terms(m.content)
-    others = [c for c in snap.clusters.values() if c not in own]
+    others = [c for c in snap.clusters.values() if c not in own and c.scope == scope]
     others.sort(key=lambda c: (-len(words & cluster_terms(c)), -len(c.memories), c.id))
     return own + others[: max(0, limit - len(own))]
 
@@ -99,14 +104,18 @@ def make_chunks(
 
     Coarse to fine: on a large store the sample is first ordered by its closest existing
     cluster, so each chunk covers one broad area and the SLM refines clusters inside it.
+    A chunk holds memories of one scope (`clagd.scopes`).
     """
     mems = _by_area(snap) if coarse and snap.clusters else list(snap.sample)
     out: list[Chunk] = []
     size = max(1, chunk_size)
-    pending = [mems[i : i + size] for i in range(0, len(mems), size)]
+    pending: list[list[Memory]] = []
+    for scope in dict.fromkeys(m.scope for m in mems):
+        mine = [m for m in mems if m.scope == scope]
+        pending.extend(mine[i : i + size] for i in range(0, len(mine), size))
     while pending:
         part = pending.pop(0)
-        clusters = _candidates(part, snap, MAX_CANDIDATE_CLUSTERS)
+        clusters = _candidates(part, snap, MAX_CANDIDATE_CLUSTERS, part[0].scope)
         need = _tokens_needed(template, part, clusters, count)
         if need > context_tokens and len(part) > 1:
             half = len(part) // 2
@@ -115,23 +124,25 @@ def make_chunks(
         while need > context_tokens and len(clusters) > 1:
             clusters = clusters[:-1]
             need = _tokens_needed(template, part, clusters, count)
-        out.append(Chunk(part, clusters))
+        out.append(Chunk(part, clusters, part[0].scope))
     return out
 
 
-def combine(plans: list[Plan]) -> Plan:
+def combine(plans: list[Plan], scopes: list[str] | None = None) -> Plan:
     """One plan from the chunks' plans. New clusters are renumbered per chunk, and new
-    clusters with the same name (case-insensitive) in different chunks become one."""
+    clusters with the same name (case-insensitive) in different chunks of one scope
+    (`scopes`: each chunk's; None: all the default) become one."""
     out = Plan()
     by_ref: dict[str, PlanCluster] = {}
-    new_by_name: dict[str, tuple[int, str]] = {}  # name -> (chunk, ref)
+    new_by_name: dict[tuple[str, str], tuple[int, str]] = {}  # name -> (chunk, ref)
     merged: set[str] = set()
     reasons = []
     for i, p in enumerate(plans, 1):
         remap: dict[str, str] = {}
+        scope = scopes[i - 1] if scopes is not None else DEFAULT_SCOPE
         for pc in p.clusters:
             if pc.ref.startswith(NEW_PREFIX):
-                key = pc.name.casefold()
+                key = (scope, pc.name.casefold())
                 if key in new_by_name and new_by_name[key][0] != i:
                     remap[pc.ref] = new_by_name[key][1]
                     continue

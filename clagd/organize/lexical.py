@@ -106,14 +106,15 @@ class _Group:
 class _Grouping:
     """The clusters being planned, and where each memory is in them."""
 
-    def __init__(self, clusters: list[Cluster]) -> None:
+    def __init__(self, clusters: list[Cluster], first_new: int = 0) -> None:
         self.home: dict[str, str] = {m.id: c.id for c in clusters for m in c.memories}
         self.groups: dict[str, _Group] = {c.id: _Group(c.id, c) for c in clusters}
         self.new_count = 0
+        self.first_new = first_new  # new refs of this grouping start after it
 
     def new_group(self) -> _Group:
         self.new_count += 1
-        g = _Group(f"new:{self.new_count}")
+        g = _Group(f"new:{self.first_new + self.new_count}")
         self.groups[g.ref] = g
         return g
 
@@ -171,12 +172,38 @@ def organize(
     cfg: SessionConfig | None = None,
     now: str | None = None,
 ) -> Plan:
-    """A plan for the sampled `memories` (unsorted ones and members of `clusters`)."""
+    """A plan for the sampled `memories` (unsorted ones and members of `clusters`). Each
+    scope (`clagd.scopes`) is organized on its own, with its own word statistics: no
+    cluster of the plan mixes scopes, and one user's words never name another's cluster."""
     cfg = cfg or SessionConfig()
     now = now or now_iso()
+    scopes = sorted({m.scope for m in memories} | {c.scope for c in clusters})
+    if len(scopes) <= 1:
+        return _organize_scope(memories, clusters, cfg, 0)
+    plans: list[Plan] = []
+    first = 0
+    for scope in scopes:
+        mine = [m for m in memories if m.scope == scope]
+        if not mine:
+            continue
+        theirs = [c for c in clusters if c.scope == scope]
+        plans.append(_organize_scope(mine, theirs, cfg, first))
+        first += sum(pc.ref.startswith("new:") for pc in plans[-1].clusters)
+    return Plan(
+        clusters=[pc for p in plans for pc in p.clusters],
+        assign={mid: ref for p in plans for mid, ref in p.assign.items()},
+        conflicts=[],
+        reason="; ".join(p.reason for p in plans) + f" (in {len(plans)} scopes)",
+    )
+
+
+def _organize_scope(
+    memories: list[Memory], clusters: list[Cluster], cfg: SessionConfig, first_new: int
+) -> Plan:
+    """`organize` of memories and clusters of one scope; new refs after `first_new`."""
     sampled = {m.id: m for m in memories}
     corpus = TfIdf([*memories, *(m for c in clusters for m in c.memories)])
-    grouping = _Grouping(clusters)
+    grouping = _Grouping(clusters, first_new)
     # 0. routed runs rejoin the unsorted memories of their episode (docs/retrieval.md)
     for mid in _provisional(memories, clusters, grouping.home, cfg.episode_gap_minutes * 60.0):
         g = grouping.groups[grouping.home.pop(mid)]

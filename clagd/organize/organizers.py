@@ -225,7 +225,10 @@ class ModelOrganizer:
     def propose(self, snap: Snapshot, seed: int, meter: Meter) -> Proposal:
         template, chunks = self._chunks(snap)
         meter.attempts += 1
-        plan = combine([self._propose_chunk(template, ch, seed, meter) for ch in chunks])
+        plan = combine(
+            [self._propose_chunk(template, ch, seed, meter) for ch in chunks],
+            [ch.scope for ch in chunks],
+        )
         sampled = snap.sampled
         return Proposal(lambda _state: (plan, sampled), self.cfg.validate_fraction)
 

@@ -105,6 +105,26 @@ class StateLike(Protocol):
     def locate_many(self, mids: Iterable[str]) -> dict[str, tuple[str, str, Memory]]: ...
 
 
+def ref_scopes(plan: Plan, state: StateLike) -> dict[str, set[str]]:
+    """The scopes each cluster of the plan would hold (ref -> scopes): an existing one's
+    own, plus those of the memories assigned and the clusters merged into it. More than one
+    is a plan that mixes scopes (`plan_checks` refuses it); a new cluster takes the one."""
+    out: dict[str, set[str]] = {}
+    for pc in plan.clusters:
+        have = state.clusters.get(pc.ref)
+        got = out.setdefault(pc.ref, set())
+        if have is not None:
+            got.add(have.scope)
+        got.update(state.clusters[src].scope for src in pc.merge_from if src in state.clusters)
+    live = state.locate_many(plan.assign)
+    for mid, ref in plan.assign.items():
+        if mid in live:
+            out.setdefault(ref, set()).add(live[mid][2].scope)
+        if ref in state.clusters:
+            out.setdefault(ref, set()).add(state.clusters[ref].scope)
+    return out
+
+
 class Toucher(Protocol):
     """The writer context's file marking (`ctx.touch_cluster`, `ctx.touch_shard`)."""
 

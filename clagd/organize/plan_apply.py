@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_epoch
-from clagd.organize.plan import MAX_TAGS, NEW_PREFIX, Plan, PlanCluster, StateLike, Toucher
+from clagd.organize.plan import (
+    MAX_TAGS,
+    NEW_PREFIX,
+    Plan,
+    PlanCluster,
+    StateLike,
+    Toucher,
+    ref_scopes,
+)
+from clagd.scopes import DEFAULT_SCOPE
 
 
 @dataclass
@@ -43,7 +52,7 @@ def apply_plan(
     existing clusters left empty are removed. Call `validate_plan` first. `touch` (the writer
     context) is told about every file before it changes."""
     run = _Applying(state, touch, now or now_iso())
-    target = run.declare(plan.clusters)
+    target = run.declare(plan.clusters, ref_scopes(plan, state))
     run.merge(plan.clusters, target)
     run.move(plan.assign, target)
     run.dedupe(plan.dedupe)
@@ -70,8 +79,9 @@ class _Applying:
             self.touch.touch_shard(name)
         self.out.shards.add(name)
 
-    def declare(self, clusters: list[PlanCluster]) -> dict[str, str]:
-        """Create the new clusters and update the kept ones; ref -> cluster id."""
+    def declare(self, clusters: list[PlanCluster], scopes: dict[str, set[str]]) -> dict[str, str]:
+        """Create the new clusters (each of the one scope its memories have, `scopes`) and
+        update the kept ones; ref -> cluster id."""
         state, now = self.state, self.now
         target: dict[str, str] = {}
         for pc in clusters:
@@ -80,7 +90,13 @@ class _Applying:
                 while cid in state.clusters or cid in state.archived:
                     cid = new_cluster_id()
                 state.clusters[cid] = Cluster(
-                    cid, pc.name, pc.description, list(pc.tags[:MAX_TAGS]), now, now
+                    cid,
+                    pc.name,
+                    pc.description,
+                    list(pc.tags[:MAX_TAGS]),
+                    now,
+                    now,
+                    scope=min(scopes.get(pc.ref) or {DEFAULT_SCOPE}),
                 )
                 self.out.created[pc.ref] = cid
                 target[pc.ref] = cid
@@ -168,7 +184,11 @@ class _Applying:
             # that one (snapshots are immutable; a query may be reading its metadata now)
             at = keep_c.memories.index(keep)
             keep = Memory(
-                keep.id, keep.content, keep.created_at, {**keep.metadata, "merged": merged}
+                keep.id,
+                keep.content,
+                keep.created_at,
+                {**keep.metadata, "merged": merged},
+                keep.scope,
             )
             keep_c.memories[at] = keep
             self.mark_cluster(keep_c.id)

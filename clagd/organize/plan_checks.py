@@ -14,6 +14,7 @@ from clagd.organize.plan import (
     Plan,
     PlanCluster,
     StateLike,
+    ref_scopes,
 )
 
 
@@ -34,14 +35,34 @@ def validate_plan(plan: Plan, sampled_ids: Iterable[str], state: StateLike) -> l
     problems: list[str] = []
     declared, merged = _check_clusters(plan.clusters, state, problems)
     _check_assign(plan.assign, sampled, declared, merged, state, problems)
-    _check_names(declared, merged, state, problems)
+    _check_names(declared, merged, state, problems, ref_scopes(plan, state))
     for newer, older in plan.conflicts:
         if newer not in sampled or older not in sampled:
             problems.append(f"conflict names a memory outside the sample ({newer}, {older})")
     for keep, drop in plan.dedupe:
         if keep == drop or state.memory(keep) is None or state.memory(drop) is None:
             problems.append(f"cannot merge memory {drop} into {keep}")
+    _check_scopes(plan, state, problems)
     return problems
+
+
+def _check_scopes(plan: Plan, state: StateLike, problems: list[str]) -> None:
+    """A cluster never mixes scopes (`clagd.scopes`): no memory goes to, and no cluster is
+    merged into, a cluster of another scope; no conflict or dedupe pairs two scopes."""
+    for ref, scopes in ref_scopes(plan, state).items():
+        if len(scopes) > 1:
+            problems.append(
+                f"cluster {ref} would mix scopes {', '.join(sorted(scopes))} "
+                "(a cluster holds memories of one scope)"
+            )
+    pairs = [("conflict", a, b) for a, b in plan.conflicts]
+    pairs += [("dedupe", a, b) for a, b in plan.dedupe]
+    if not pairs:
+        return
+    live = state.locate_many([mid for _, a, b in pairs for mid in (a, b)])
+    for what, a, b in pairs:
+        if a in live and b in live and live[a][2].scope != live[b][2].scope:
+            problems.append(f"{what} pairs memories of two scopes ({a}, {b})")
 
 
 def _check_clusters(
@@ -121,17 +142,19 @@ def _check_names(
     merged: dict[str, str],
     state: StateLike,
     problems: list[str],
+    scope_of: dict[str, set[str]],
 ) -> None:
-    """Names distinct among the plan and against every hot cluster the plan leaves as is."""
-    names: dict[str, str] = {}
-    final_names = [(ref, pc.name) for ref, pc in declared.items()]
+    """Names distinct among the plan and against every hot cluster the plan leaves as is,
+    within one scope (two users may each have a cluster "Food Allergies")."""
+    names: dict[tuple[str, str], str] = {}
+    final_names = [(ref, pc.name, min(scope_of.get(ref) or {""})) for ref, pc in declared.items()]
     final_names += [
-        (cid, c.name)
+        (cid, c.name, c.scope)
         for cid, c in state.clusters.items()
         if cid not in declared and cid not in merged
     ]
-    for ref, name in final_names:
-        key = name.strip().casefold()
+    for ref, name, scope in final_names:
+        key = (scope, name.strip().casefold())
         if key in names and names[key] != ref:
             problems.append(f"duplicate cluster name {name!r}")
         names.setdefault(key, ref)

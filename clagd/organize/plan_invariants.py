@@ -16,7 +16,8 @@ def check_invariants(
     renamed: Iterable[str] = (),
 ) -> list[str]:
     """Every memory exactly once (none lost, none duplicated, none appeared), no empty
-    cluster, names distinct and within limits. `dropped` are ids a plan merged into a
+    cluster, no cluster holding another scope's memory, names distinct (within a scope)
+    and within limits. `dropped` are ids a plan merged into a
     near-identical memory on purpose; `renamed` cluster ids get the 2-5 word check too."""
     problems: list[str] = []
     seen: dict[str, str] = {}
@@ -37,20 +38,22 @@ def check_invariants(
         problems.append(f"memory {mid} was lost")
     for mid in sorted(set(seen) - set(before_ids)):
         problems.append(f"memory {mid} appeared from nowhere")
-    names: dict[str, str] = {}
+    names: dict[tuple[str, str], str] = {}
     for area, table in (("clusters", state.clusters), ("archive", state.archived)):
         for cid, c in table.items():
             if c.id != cid:
                 problems.append(f"cluster {cid} has id {c.id}")
+            if any(m.scope != c.scope for m in c.memories):
+                problems.append(f"cluster {c.name!r} ({cid}) mixes scopes")
             if not c.memories:
                 problems.append(f"cluster {c.name!r} ({cid}) is empty")
             if not c.name.strip() or len(c.name) > NAME_MAX_CHARS:
                 problems.append(f"cluster {cid} has an invalid name {c.name!r}")
             if area == "clusters":
-                key = c.name.strip().casefold()
-                if key in names:
+                named = (c.scope, c.name.strip().casefold())
+                if named in names:
                     problems.append(f"two clusters are named {c.name!r}")
-                names[key] = cid
+                names[named] = cid
     for cid in renamed:
         rc = state.clusters.get(cid)
         if rc is not None and (p := name_problem(rc.name)):

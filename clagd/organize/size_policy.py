@@ -82,6 +82,8 @@ def _merge_near_duplicates(
         for b in hot[i + 1 :]:
             if b.id in taken or len(a.memories) + len(b.memories) > max_size:
                 continue
+            if a.scope != b.scope:
+                continue  # a cluster never mixes scopes
             if count_cosine(bags[a.id], bags[b.id]) >= merge_similarity:
                 big, small = (a, b) if len(a.memories) >= len(b.memories) else (b, a)
                 plan.clusters.append(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,9 +88,12 @@ class Refiner:
         lines.append(f"Pick 1 to {self.cfg.top_clusters} clusters.")
         return "\n".join(lines)
 
-    def choose(self, index: Index, text: str) -> list[str] | None:
+    def choose(
+        self, index: Index, text: str, scopes: Collection[str] | None = None
+    ) -> list[str] | None:
+        """`scopes`: the query's; the model is shown only clusters of these scopes."""
         cfg = self.cfg
-        cands = index.cluster_candidates(text, cfg.slm_refine_candidates)
+        cands = index.cluster_candidates(text, cfg.slm_refine_candidates, scopes)
         if len(cands) <= max(1, cfg.top_clusters):
             return None  # nothing to choose between: the lexical choice is the same
         if self.clock() < self._paused_until:

@@ -33,6 +33,7 @@ class Hit:
             "score": round(float(self.score), 4),
             "created_at": self.memory.created_at,
             "metadata": dict(self.memory.metadata),
+            "scope": self.memory.scope,
         }
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clagd.model import Memory
+from clagd.retrieval.scoping import cluster_scopes, scopes_held
+from clagd.scopes import DEFAULT_SCOPE
 
 if TYPE_CHECKING:
     from clagd.retrieval.snapshot import Index
@@ -33,8 +35,10 @@ def route_many(ix: Index, memories: Sequence[Memory]) -> list[str | None]:
         return out
     term_rows, qs = _terms(ix, memories)
     rows = max(1, ROUTE_CELLS // len(ix.profiles.alive))
+    scoped = not scopes_held(ix) | {m.scope for m in memories} <= {DEFAULT_SCOPE}
     for r0 in range(0, len(qs), rows):
-        for i, cid in enumerate(_chunk(ix, qs[r0 : r0 + rows], term_rows)):
+        own = [m.scope for m in memories[r0 : r0 + rows]] if scoped else None
+        for i, cid in enumerate(_chunk(ix, qs[r0 : r0 + rows], term_rows, own)):
             out[r0 + i] = cid
     return out
 
@@ -70,12 +74,21 @@ def _terms(ix: Index, memories: Sequence[Memory]) -> tuple[dict[int, _Row], list
     return {t: row for t, row in term_of.items() if row is not None}, qs
 
 
-def _chunk(ix: Index, chunk: list[list[int]], term_rows: dict[int, _Row]) -> list[str | None]:
-    """The cluster of each memory (its term ids) of one chunk, or None."""
+def _chunk(
+    ix: Index, chunk: list[list[int]], term_rows: dict[int, _Row], own: list[str] | None
+) -> list[str | None]:
+    """The cluster of each memory (its term ids) of one chunk, or None. `own`: each
+    memory's scope (None: every memory and cluster is of the default scope); a cluster of
+    another scope scores nothing for it, as a dead one does."""
     nr, nc = len(chunk), len(ix.profiles.alive)
     mat = _score_matrix(chunk, term_rows, nc)
     if len(ix.profiles.slot_of) != nc:
         mat[:, ix.cluster_bm25.dead] = 0.0
+    if own is not None:
+        theirs = np.asarray(cluster_scopes(ix), dtype=object)
+        for scope in set(own):
+            rows = np.asarray([i for i, sc in enumerate(own) if sc == scope], dtype=np.int64)
+            mat[np.ix_(rows, np.flatnonzero(theirs != scope))] = 0.0
     best_col = np.argmax(mat, axis=1)  # the first of equal maxima, as a stable sort
     ridx = np.arange(nr)
     # compared in float64, as `scoring.routed` does with Python floats

@@ -14,7 +14,7 @@ token budget and the relevance cut-offs.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,7 @@ from clagd.retrieval.results import (
     format_context,
     label_tokens,
 )
+from clagd.retrieval.scoping import Masks, masks
 from clagd.retrieval.scoring import top
 from clagd.text import estimate_tokens
 
@@ -45,6 +46,7 @@ def search(
     now: datetime | None = None,
     clusters: Sequence[str] | None = None,
     where: Where = (),
+    scopes: Collection[str] | None = None,
 ) -> SearchResult:
     """`Index.search` (see there)."""
     k = ix.cfg.max_memories if max_memories is None else max_memories
@@ -52,7 +54,8 @@ def search(
     if k <= 0:
         return SearchResult()
     cacheable = archive is None and now is None and not ix.cfg.use_freshness
-    key = (text, k, budget, tuple(clusters) if clusters is not None else None, where)
+    seen = frozenset(scopes) if scopes is not None else None
+    key = (text, k, budget, tuple(clusters) if clusters is not None else None, where, seen)
     if cacheable:
         hit = ix.results.get(key)
         if hit is not None:
@@ -62,10 +65,12 @@ def search(
     limit = k if budget <= 0 and archive is None else k * 3 + 8
     rarity = ix.cfg.min_term_rarity > 0
     allowed = where_mask(ix, where) if where else None
-    hits, chosen = rank(ix, q, limit, ts, clusters, rarity, allowed)
+    hits, chosen = rank(ix, q, limit, ts, clusters, rarity, allowed, seen)
     if archive is not None:
         a_allowed = where_mask(archive, where) if where else None
-        a_hits, a_chosen = rank(archive, q, limit, ts, rarity=rarity, allowed=a_allowed)
+        a_hits, a_chosen = rank(
+            archive, q, limit, ts, rarity=rarity, allowed=a_allowed, scopes=seen
+        )
         hits = sorted(hits + a_hits, key=lambda r: -r[0].score)
         chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
     out = cut(ix, hits, k, budget)
@@ -107,12 +112,17 @@ def cut(ix: Index, hits: list[Ranked], k: int, budget: int) -> list[Hit]:
     return out
 
 
-def cluster_candidates(ix: Index, text: str, n: int) -> list[tuple[str, str, float]]:
+def cluster_candidates(
+    ix: Index, text: str, n: int, scopes: Collection[str] | None = None
+) -> list[tuple[str, str, float]]:
     """`Index.cluster_candidates` (see there)."""
     q = ix.term_ids(text)
     if not q or not ix.profiles.slot_of or n <= 0:
         return []
     c_scores = ix.cluster_bm25.scores(q)
+    vis = masks(ix, scopes)
+    if vis is not None:
+        c_scores = np.where(vis[1], c_scores, np.float32(0.0))
     clusters = ix.profiles.clusters
     return [
         (clusters[i].id, clusters[i].name, float(c_scores[i]))
@@ -129,11 +139,14 @@ def rank(
     only: Sequence[str] | None = None,
     rarity: bool = False,
     allowed: np.ndarray | None = None,
+    scopes: Collection[str] | None = None,
 ) -> tuple[list[Ranked], list[tuple[str, str, float]]]:
     """The best `limit` memories for these query words (with the token cost of each and,
     with `rarity` (the rare-term cut is on), their query terms' weights) and the clusters
     chosen for them. `only`: the clusters the caller (SLM refinement) chose. `allowed`
-    (`where_mask`): only these slots are candidates, each eligible wherever it is filed."""
+    (`where_mask`): only these slots are candidates, each eligible wherever it is filed.
+    `scopes`: the scopes seen (None: all); every other slot scores nothing
+    (`retrieval.scoping`)."""
     get = ix.vocab.get
     q = [i for i in map(get, words) if i is not None]
     if not q or ix.memories.n_alive == 0:
@@ -141,8 +154,12 @@ def rank(
     n = len(ix.memories.alive)
     # BM25 of every slot, plus one zero at index n: a neighbour link of -1 reads it
     s = ix.memory_bm25.scores(q, pad=1)
+    c_scores = ix.cluster_bm25.scores(q)
+    vis = masks(ix, scopes)
+    if vis is not None:
+        s, c_scores, only = _hidden(ix, vis, s, c_scores, only)
     smax = float(s[:n].max()) if n else 0.0
-    c_norm, selected, chosen = choose_clusters(ix, ix.cluster_bm25.scores(q), only)
+    c_norm, selected, chosen = choose_clusters(ix, c_scores, only)
     if smax <= 0 and not chosen:
         return [], []
     cand = candidates(ix, s, selected)
@@ -152,9 +169,30 @@ def rank(
         own = np.flatnonzero(allowed & (s > 0))
         cand = sorted_set(np.concatenate((cand, own)), len(s))
         cand = cand[allowed[cand]]
+    if vis is not None:
+        cand = cand[vis[0][cand]]
     score = final_scores(ix, cand, s, smax, c_norm, selected, now, allowed is not None)
     weight = ix.memory_bm25.weights(q) if rarity else None
     return top_hits(ix, cand, score, limit, weight), chosen
+
+
+def _hidden(
+    ix: Index,
+    vis: Masks,
+    s: np.ndarray,
+    c_scores: np.ndarray,
+    only: Sequence[str] | None,
+) -> tuple[np.ndarray, np.ndarray, Sequence[str] | None]:
+    """The scores with every slot of another scope at zero, and `only` without the
+    clusters of another scope (they are never chosen, so none of their members is a
+    candidate)."""
+    mvis, cvis = vis
+    s = np.where(mvis, s, np.float32(0.0))
+    c_scores = np.where(cvis, c_scores, np.float32(0.0))
+    if only is not None:
+        slot_of = ix.profiles.slot_of
+        only = [c for c in only if c in slot_of and cvis[slot_of[c]]]
+    return s, c_scores, only
 
 
 def choose_clusters(

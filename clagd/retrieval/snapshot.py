@@ -13,7 +13,7 @@ what unpickling calls. Share a snapshot freely between threads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -75,6 +75,8 @@ class Index:
         self.results = ResultCache()
         # metadata filter -> which slots it lets through (`searching.where_mask`)
         self.filters: dict[Where, np.ndarray] = {}
+        # scope masks made on first use (`retrieval.scoping`): key -> what it made
+        self.scope_cache: dict[object, object] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -238,6 +240,7 @@ class Index:
         now: datetime | None = None,
         clusters: Sequence[str] | None = None,
         where: Where = (),
+        scopes: Collection[str] | None = None,
     ) -> SearchResult:
         """Top memories for `text`: ranked by score, deduplicated, cut to k and the budget
         (`retrieval.searching`).
@@ -246,6 +249,9 @@ class Index:
         them all; the filter takes the place of the cluster choice (every memory it lets
         through is eligible, wherever it is filed) and applies before the cut, so a
         filtered query fills its `max_memories` and budget from the memories that match.
+        `scopes`: the scopes the query sees (None: every scope); memories and clusters of
+        any other score nothing, and a cluster of another scope named in `clusters` is
+        ignored (`retrieval.scoping`).
 
         `token_budget` None means the configured budget; 0 or less means no budget.
         `archive` is another snapshot (the archived clusters) merged into the ranking.
@@ -257,7 +263,7 @@ class Index:
         empty.
         """
         return searching.search(
-            self, text, max_memories, token_budget, archive, now, clusters, where
+            self, text, max_memories, token_budget, archive, now, clusters, where, scopes
         )
 
     def find(self, mid: str) -> Hit | None:
@@ -271,10 +277,12 @@ class Index:
         through, and how many do in all (`retrieval.listing`)."""
         return listing.newest(self, where, since, limit)
 
-    def cluster_candidates(self, text: str, n: int) -> list[tuple[str, str, float]]:
-        """The `n` best hot clusters for `text` by profile BM25 (positive scores only):
-        the lexical pre-filter of the SLM refinement."""
-        return searching.cluster_candidates(self, text, n)
+    def cluster_candidates(
+        self, text: str, n: int, scopes: Collection[str] | None = None
+    ) -> list[tuple[str, str, float]]:
+        """The `n` best hot clusters for `text` by profile BM25 (positive scores only), of
+        these `scopes` (None: all): the lexical pre-filter of the SLM refinement."""
+        return searching.cluster_candidates(self, text, n, scopes)
 
     def route_many(self, memories: Sequence[Memory]) -> list[str | None]:
         """The cluster each new memory clearly belongs to, or None (it goes to unsorted), in

@@ -350,7 +350,7 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     d = Dispatcher()
     d.op("ping", lambda p: {"pong": True, "pid": os.getpid(), "store": str(engine.root)})
     d.op("status", lambda p: engine.status())
-    d.op("add", lambda p: engine.add(_items(p), source=_source(p)))
+    d.op("add", lambda p: engine.add(_items(p), source=_source(p), scope=p.get("scope")))
     d.op("query", lambda p: engine.run_query(QueryParams.from_request(p)))
     d.op("get", lambda p: engine.get(p.get("memory_id")))
     d.op("list", lambda p: engine.list_memories(ListParams.from_request(p)))

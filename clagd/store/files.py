@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clagd.errors import StoreError
+from clagd.errors import BadScope, StoreError
 from clagd.model import (
     CLUSTER_ID_RE,
     MEMORY_ID_RE,
@@ -155,7 +155,7 @@ class StoreState:
         keys: set[str] = set()
         for m, _a, _k in self.all_memories():
             keys.add(m.id)
-            keys.add(memory_id(m.content))
+            keys.add(memory_id(m.content, m.scope))
         return keys
 
     def unsorted_memories(self) -> list[Memory]:
@@ -179,8 +179,15 @@ def _load_cluster(path: Path, errors: list[str], text: str | None = None) -> Clu
         if not isinstance(data, dict):
             raise ValueError("not a mapping")
         c = _one_line_cluster(Cluster.from_dict(data))
-    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError, BadScope) as exc:
         errors.append(f"{path.name}: {exc}")
+        return None
+    mixed = sorted({m.scope for m in c.memories} - {c.scope})
+    if mixed:
+        errors.append(
+            f"{path.name}: cluster of scope {c.scope!r} holds memories of scope "
+            f"{', '.join(map(repr, mixed))} (a cluster holds one scope: move them out)"
+        )
         return None
     if c.id != path.stem:
         errors.append(f"{path.name}: id {c.id!r} does not match the file name")
@@ -197,7 +204,7 @@ def _load_shard(path: Path, errors: list[str], text: str | None = None) -> list[
         if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
             raise ValueError("expected a mapping with a 'memories' list")
         return _one_line_memories([Memory.from_dict(m) for m in data["memories"]])
-    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+    except (YamlError, ValueError, KeyError, TypeError, AttributeError, OSError, BadScope) as exc:
         errors.append(f"{path.name}: {exc}")
         return None
 

@@ -68,6 +68,7 @@ def test_to_dict_has_the_protocol_shape():
         "score",
         "created_at",
         "metadata",
+        "scope",
     }
     assert set(d["clusters"][0]) == {"id", "name", "score"}
     assert d["context"].startswith("[Memory · Hiking Trips] ")

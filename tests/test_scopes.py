@@ -1,0 +1,181 @@
+"""Scopes: every memory belongs to one (`clagd.scopes`); a query sees only its own and the
+ones it names. Real stores, real daemons on real sockets, real inbox files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import InProcessDaemon, git, wait_for
+
+from clagd.client import ClientError
+from clagd.errors import BadScope, StoreError
+from clagd.model import Cluster, Memory, memory_id
+from clagd.scopes import DEFAULT_SCOPE, check_scope, visible_scopes
+from clagd.store.files import load_state
+
+
+@pytest.mark.parametrize("name", ["alice", "bob-2", "a", "team_x", "0", "a" * 63])
+def test_a_good_scope_name_is_itself(name: str) -> None:
+    assert check_scope(name) == name
+
+
+@pytest.mark.parametrize(
+    "name", ["", "Alice", "-x", "_x", "a b", "a/b", "../x", "a" * 64, "é", None, 3, "x\n"]
+)
+def test_a_bad_scope_name_is_refused_naming_it(name: object) -> None:
+    with pytest.raises(BadScope) as got:
+        check_scope(name)
+    assert got.value.code == "bad_scope"
+    assert repr(name)[:40] in str(got.value)
+
+
+def test_visible_scopes_default_and_extra() -> None:
+    assert visible_scopes() == {DEFAULT_SCOPE}
+    assert visible_scopes("alice", ["team", "alice"]) == {"alice", "team"}
+
+
+def test_ids_differ_per_scope_and_the_default_id_is_the_old_one() -> None:
+    text = "Alice is allergic to peanuts"
+    assert memory_id(text) == memory_id(text, DEFAULT_SCOPE)
+    ids = {memory_id(text, s) for s in (DEFAULT_SCOPE, "alice", "bob")}
+    assert len(ids) == 3
+    assert Memory.new(text, scope="alice").id == memory_id(text, "alice")
+
+
+def test_yaml_leaves_out_the_default_scope_and_keeps_any_other() -> None:
+    m = Memory.new("tea at noon", "2026-01-01T00:00:00Z")
+    assert "scope" not in m.to_dict()
+    a = Memory.new("tea at noon", "2026-01-01T00:00:00Z", scope="alice")
+    assert a.to_dict()["scope"] == "alice"
+    c = Cluster("c-0000aaaa", "Tea Times", memories=[a], scope="alice")
+    back = Cluster.from_dict(yaml.safe_load(yaml.safe_dump(c.to_dict())))
+    assert back.scope == "alice" and back.memories[0].scope == "alice"
+    assert "scope" not in Cluster("c-0000aaab", "Tea Times").to_dict()
+    # a memory written into a scoped cluster without a scope of its own takes the cluster's
+    d = c.to_dict()
+    del d["memories"][0]["scope"]
+    assert Cluster.from_dict(d).memories[0].scope == "alice"
+
+
+def test_a_cluster_file_mixing_scopes_is_refused_by_the_loader(store: Path) -> None:
+    a = Memory.new("Alice likes tea", scope="alice")
+    b = Memory.new("Bob likes coffee", scope="bob")
+    c = Cluster("c-0000abcd", "Hot Drinks", memories=[a, b], scope="alice")
+    (store / "clusters" / "c-0000abcd.yaml").write_text(yaml.safe_dump(c.to_dict()))
+    with pytest.raises(StoreError, match="holds memories of scope 'bob'"):
+        load_state(store)
+
+
+def test_add_and_query_stay_inside_their_scope(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        c.add("Alice is allergic to peanuts", scope="alice")
+        c.add("Bob is allergic to peanuts and shellfish", scope="bob")
+        c.add("The office is allergic to noise", metadata={"user_id": "alice"})
+        alice = c.query("allergic peanuts", scope="alice")
+        assert [h.content for h in alice.memories] == ["Alice is allergic to peanuts"]
+        assert alice.memories[0].scope == "alice"
+        bob = c.query("allergic peanuts", scope="bob")
+        assert [h.content for h in bob.memories] == ["Bob is allergic to peanuts and shellfish"]
+        plain = c.query("allergic peanuts")
+        assert [h.content for h in plain.memories] == ["The office is allergic to noise"]
+        both = c.query("allergic peanuts", scope="alice", scopes=["bob"])
+        assert {h.scope for h in both.memories} == {"alice", "bob"}
+        with pytest.raises(BadScope, match="Alice!"):
+            c.query("peanuts", scope="Alice!")  # refused by the client before it is sent
+        for params in ({"scope": "Alice!"}, {"scopes": ["bob", "../x"]}):
+            with pytest.raises(ClientError) as got:  # and by the daemon
+                c.request("query", {"text": "peanuts", **params})
+            assert got.value.code == "bad_scope"
+            assert str(params.get("scope") or "../x") in str(got.value)
+
+
+def test_same_text_in_two_scopes_is_two_memories_and_dedupe_is_per_scope(
+    daemon: InProcessDaemon,
+) -> None:
+    with daemon.client() as c:
+        first = c.add("I live in Berlin", scope="alice")
+        again = c.add("I live in Berlin", scope="alice")
+        other = c.add("I live in Berlin", scope="bob")
+    assert first["added"] == 1 and again["duplicates"] == 1 and other["added"] == 1
+    assert first["ids"] != other["ids"]
+    files = load_state(daemon.root)
+    assert sorted(m.scope for m, _a, _k in files.all_memories()) == ["alice", "bob"]
+
+
+def test_an_item_naming_another_scope_than_its_request_is_refused(
+    daemon: InProcessDaemon,
+) -> None:
+    with daemon.client() as c:
+        with pytest.raises(ClientError) as got:
+            c.add_many([{"content": "sneaky", "scope": "bob"}], scope="alice")
+        assert got.value.code == "bad_scope"
+        assert "'bob'" in str(got.value) and "'alice'" in str(got.value)
+        assert c.query("sneaky", scope="bob").memories == []
+
+
+def test_an_existing_store_reads_unchanged(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        c.add("Plain memories keep their old files")
+    tracked = git(daemon.root, "ls-files", "unsorted", "clusters").split()
+    text = "".join((daemon.root / f).read_text() for f in tracked if f.endswith(".yaml"))
+    assert "scope" not in text
+    assert "Plain memories keep their old files" in text
+
+
+def test_inbox_scope_key(daemon: InProcessDaemon) -> None:
+    inbox = daemon.root / "inbox"
+    (inbox / "a.yaml").write_text("content: Alice drinks oolong\nscope: alice\n")
+    (inbox / "b.json").write_text('[{"content": "Bob drinks espresso", "scope": "bob"}]')
+    (inbox / "c.md").write_text("---\nscope: carol\n---\nCarol drinks matcha\n")
+    (inbox / "d.json").write_text('{"content": "Dan drinks chai", "scope": "Not Valid"}')
+
+    def stored() -> dict[str, str]:
+        return {m.content: m.scope for m, _a, _k in load_state(daemon.root).all_memories()}
+
+    wait_for(lambda: len(stored()) == 3, 20, "three inbox files to be stored")
+    assert stored() == {
+        "Alice drinks oolong": "alice",
+        "Bob drinks espresso": "bob",
+        "Carol drinks matcha": "carol",
+    }
+    rejected = inbox / "rejected"
+    wait_for(lambda: (rejected / "d.json.error").exists(), 20, "the bad scope's rejection")
+    assert "Not Valid" in (rejected / "d.json.error").read_text()
+    with daemon.client() as c:
+
+        def bobs() -> list[str]:
+            return [h.content for h in c.query("drinks", scope="bob").memories]
+
+        wait_for(lambda: bobs() != [], 20, "the inbox batch to be served")
+        assert bobs() == ["Bob drinks espresso"]
+
+
+def test_a_session_and_routing_never_mix_scopes(daemon: InProcessDaemon) -> None:
+    facts = [
+        "loves hiking in the alps every summer",
+        "hiking boots size 42 for the alps",
+        "alps hiking trail near the lake",
+        "summer hiking plans for the alps trip",
+    ]
+    with daemon.client() as c:
+        for who in ("alice", "bob"):
+            c.add_many([{"content": f"{who} {f}"} for f in facts], scope=who)
+        c.recluster()
+        state = load_state(daemon.root)
+        assert state.clusters, "the session made clusters"
+        for cl in state.clusters.values():
+            assert {m.scope for m in cl.memories} == {cl.scope}
+        # a new memory routes only into a cluster of its own scope
+        c.add("alice more alps hiking in summer with boots", scope="alice")
+        c.add("bob more alps hiking in summer with boots", scope="bob")
+        state = load_state(daemon.root)
+        for cl in state.clusters.values():
+            assert {m.scope for m in cl.memories} == {cl.scope}
+        for who, other in (("alice", "bob"), ("bob", "alice")):
+            got = c.query("alps hiking summer boots", scope=who, max_memories=20)
+            assert got.memories and all(h.scope == who for h in got.memories)
+            assert not any(h.content.startswith(other) for h in got.memories)
+            named = {cl.id for cl in state.clusters.values() if cl.scope == who}
+            assert {cs.id for cs in got.clusters} <= named
