@@ -17,9 +17,9 @@ from datetime import datetime, timedelta, timezone
 
 from rank_bm25 import BM25Okapi
 
+from clagd.change import IndexChange
 from clagd.config import RetrievalConfig
 from clagd.model import Cluster, Memory
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.text import tokenize
 

@@ -17,6 +17,7 @@ CORE = {
     "config_checks",
     "model",
     "scopes",
+    "change",
     "text",
     "yamlio",
     "protocol",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, lookup, summary
-from clagd.engine.hooks import EngineHooks, PreparedIndex, SessionRunner
+from clagd.engine.hooks import EngineHooks, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideChange, OutsideEdits
 from clagd.engine.recovery import recover
@@ -48,14 +48,13 @@ from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_sh
 from clagd.ingest.inbox import Item, validate_item
 from clagd.model import Memory, iso_utc
 from clagd.protocol import ListParams, QueryParams
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.scopes import check_scope
 from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
 from clagd.store.packing import ObjectPacker
-from clagd.store.writer import DATA_DIRS, Changes, WriteContext, Writer
+from clagd.store.writer import DATA_DIRS, StoreChange, WriteContext, Writer
 
 if TYPE_CHECKING:
     from clagd.organize.session import SessionOutcome
@@ -115,6 +114,15 @@ class ArchiveRun:
     now: float | None = None
 
 
+@dataclass(frozen=True)
+class NextIndex:
+    """What `Engine.prepare` made beside a commit: the engine's next snapshot, and what its
+    index publisher prepared (`EngineHooks.index_publisher`: given back to its `publish`)."""
+
+    index: Index
+    theirs: Any = None
+
+
 class Engine:
     def __init__(
         self,
@@ -139,15 +147,11 @@ class Engine:
         self._archived = dict(state.archived)
         self.known = state.memory_ids()
         self.stats = AccessStats(self.paths.runtime / "stats.json")
-        # the change told to the query processes before its files were written
-        self._announced: tuple[Changes, IndexChange] | None = None
-        self.writer = Writer(
+        self.writer: Writer[NextIndex] = Writer(
             self.root,
             state,
             self.git,
-            on_change=self._on_change,
-            prepare=self._prepare_index,
-            announce=self._announce_index,
+            publisher=self,
             fragments=self.fragments,
             on_thread_start=self.hooks.on_thread_start,
         )
@@ -280,68 +284,40 @@ class Engine:
         """The writer's state. Read it only on the writer thread or for rough counts."""
         return self.writer.state
 
-    # -- publishing index snapshots (runs on the writer thread) ---------------------------
-    @staticmethod
-    def _index_change(changes: Changes, state: StoreState) -> IndexChange | None:
-        if changes.full:
-            return IndexChange.whole(state.clusters.values(), state.unsorted_memories())
-        change = IndexChange(
-            False,
-            tuple(changes.upsert_clusters),
-            tuple(changes.remove_clusters),
-            tuple(changes.add_unsorted),
-            tuple(changes.remove_unsorted),
-        )
-        return None if change.empty else change
-
-    def _announce_index(self, changes: Changes, state: StoreState) -> None:
-        """A commit's files are about to be written: the query processes (`on_index_prepare`)
-        make their next snapshot while they are written and committed, on the other core."""
-        self._announced = None
-        if self.hooks.on_index_prepare is None:
-            return
-        change = self._index_change(changes, state)
-        if change is not None:
-            self._announced = (changes, change)
-            self.hooks.on_index_prepare(change)
-
-    def _prepare_index(self, changes: Changes, state: StoreState) -> PreparedIndex | None:
-        """The snapshot a commit will publish, made while git builds the commit (the writer
-        calls it beside the commit; nothing is served from it before the commit exists)."""
-        announced, self._announced = self._announced, None
-        if announced is not None and announced[0] is changes:
-            change: IndexChange | None = announced[1]  # the query processes have it already
-        else:
-            change = self._index_change(changes, state)
-        if change is None:
+    # -- the writer's publisher (`clagd.change.Publisher`, on the writer thread) ----------
+    def prepare(self, change: StoreChange) -> NextIndex | None:
+        """A commit's files are being written and committed (on the git thread): the next
+        snapshot is made now, beside it, by the engine and by its index publisher (the
+        query processes, on the other core); none is served before `publish`."""
+        if change.index.empty:
             return None
-        return PreparedIndex(self.index, changes, change, self.index.apply(change, routes=True))
+        theirs = None
+        if self.hooks.index_publisher is not None:
+            theirs = self.hooks.index_publisher.prepare(change.index)
+        return NextIndex(self.index.apply(change.index, routes=True), theirs)
 
-    def _on_change(
-        self, changes: Changes, state: StoreState, prepared: PreparedIndex | None = None
-    ) -> None:
-        structural = changes.upsert_clusters or changes.remove_clusters
-        if changes.full or changes.reloaded:
+    def publish(self, change: StoreChange, prepared: NextIndex | None) -> None:
+        """`change` is committed (or taken in): serve the snapshot `prepare` made for it,
+        or make it now when none was (a reload, a failed `prepare`)."""
+        idx = change.index
+        if idx.build or change.reloaded:
             # taken in from outside: memories may have left, and must not stay "known"
-            self.known = state.memory_ids()
-        if prepared is not None and prepared.base is self.index and prepared.changes is changes:
-            change: IndexChange | None = prepared.change
+            self.known = self.state.memory_ids()
+        if not idx.empty:
+            if prepared is None:
+                prepared = NextIndex(self.index.apply(idx, routes=True))
             self.index = prepared.index
-        else:
-            change = self._index_change(changes, state)
-            if change is not None:
-                self.index = self.index.apply(change, routes=True)
-        if change is not None and self.hooks.on_index is not None:
-            self.hooks.on_index(change)
-        if changes.full or changes.archive_changed:
-            self._archived = dict(state.archived)
+            if self.hooks.index_publisher is not None:
+                self.hooks.index_publisher.publish(idx, prepared.theirs)
+        if idx.build or change.archive_changed:
+            self._archived = dict(self.state.archived)
             self._archive_index = None
-        if changes.full or changes.archive_changed or structural:
-            self._summaries = summary.summarize(state)
-        if changes.commit:
-            self.head = changes.commit
+        if idx.build or change.archive_changed or idx.upsert_clusters or idx.remove_clusters:
+            self._summaries = summary.summarize(self.state)
+        if change.commit:
+            self.head = change.commit
             if self.hooks.on_commit is not None:
-                self.hooks.on_commit(changes.commit)
+                self.hooks.on_commit(change.commit)
 
     def archive_index(self) -> Index:
         idx = self._archive_index

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from clagd.retrieval.change import IndexChange
-from clagd.retrieval.index import Index
+from clagd.change import IndexChange, Publisher
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -17,7 +16,6 @@ if TYPE_CHECKING:
     from clagd.engine.core import Engine
     from clagd.organize.session import SessionOutcome
     from clagd.retrieval.refine import Refiner
-    from clagd.store.writer import Changes
 
 
 class SessionRunner(Protocol):
@@ -27,18 +25,6 @@ class SessionRunner(Protocol):
     def __call__(
         self, engine: Engine, trigger: str = ..., backend: str | None = ...
     ) -> SessionOutcome: ...
-
-
-@dataclass(frozen=True, eq=False)
-class PreparedIndex:
-    """The snapshot `change` makes of `base`, made while git built the commit of `changes`
-    (`Writer.commit_beside_prepare`); served only if the engine still serves `base` when
-    that commit is published."""
-
-    base: Index
-    changes: Changes
-    change: IndexChange
-    index: Index
 
 
 @dataclass
@@ -61,12 +47,11 @@ class EngineHooks:
     status: dict[str, Callable[[], DataclassInstance | None]] = field(default_factory=dict)
     # the SLM pick among the lexical cluster candidates (retrieval.slm_refine)
     refiner: Refiner | None = None
-    # the served index changed (called on the writer thread, right after the swap)
-    on_index: Callable[[IndexChange], None] | None = None
-    # the writer is committing this change (called on the writer thread before it writes
-    # the files): a copy of the index may make its next snapshot now, to serve it only once
-    # `on_index` brings the same change object (a commit that fails brings none)
-    on_index_prepare: Callable[[IndexChange], None] | None = None
+    # where the engine's index changes go next (the query processes), on the writer
+    # thread: `prepare` while the commit is written (a copy may make its next snapshot,
+    # not served yet), `publish` right after the engine's own swap, with what `prepare`
+    # returned for that very change (None: apply it whole). A failed commit publishes none.
+    index_publisher: Publisher[IndexChange, Any] | None = None
     # called first on each thread the engine starts (the writer and its git thread): the
     # daemon registers them as organizing threads (`serve/priority.py`)
     on_thread_start: Callable[[], None] | None = None

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from clagd.config import Config
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.store.files import StoreState
 from clagd.store.gitrepo import GitStore
@@ -45,16 +44,8 @@ def reread_at(
     """`state` and `index` with these store files as `commit` holds them, read from git's
     objects (not the working tree, whose own changes are taken in as outside edits)."""
     texts = git.texts_at(commit, rel_paths)
-    state, changes = read_changes(root, state, rel_paths, texts)
-    change = IndexChange(
-        False,
-        tuple(changes.upsert_clusters),
-        tuple(changes.remove_clusters),
-        tuple(changes.add_unsorted),
-        tuple(changes.remove_unsorted),
-    )
-    index = index.apply(change, routes=True)
-    return state, index
+    state, change = read_changes(root, state, rel_paths, texts)
+    return state, index.apply(change.index, routes=True)
 
 
 @dataclass

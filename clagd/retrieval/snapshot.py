@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from clagd.change import IndexChange
 from clagd.config import Config, IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory
 from clagd.protocol import Where
 from clagd.retrieval import listing, routing, searching
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.postings import ClusterSlots, MemorySlots, forward
 from clagd.retrieval.results import Hit, ResultCache, SearchResult
 from clagd.retrieval.scoring import BM25

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clagd.engine.hooks import IndexChange
+from clagd.change import IndexChange
 from clagd.retrieval.index import Index
 
 

@@ -27,7 +27,6 @@ from clagd.ingest.watcher import InboxStatus, InboxWatcher
 from clagd.libc import malloc_trim
 from clagd.organize.session import SessionOutcome, engine_session_runner
 from clagd.protocol import resolve_socket
-from clagd.retrieval.change import IndexChange
 from clagd.serve import sdnotify
 from clagd.serve.follow import (
     WRITE_OPS,
@@ -37,7 +36,12 @@ from clagd.serve.follow import (
     read_only_message,
 )
 from clagd.serve.priority import OrganizingThreads
-from clagd.serve.queryproc import CountingDispatcher, QueryProcesses, QueryProcessesStatus
+from clagd.serve.queryproc import (
+    CountingDispatcher,
+    QueryProcesses,
+    QueryProcessesStatus,
+    ToQueryProcesses,
+)
 from clagd.serve.reconfig import ConfigReloader
 from clagd.serve.replicate import Replicator
 from clagd.serve.scheduler import Activity, Scheduler
@@ -229,8 +233,7 @@ class Daemon:
             on_route_waiting=self._route_soon,
             session_runner=engine_session_runner(self.backends),
             backend_status=self._backend_status,
-            on_index=self._publish_index,
-            on_index_prepare=self._prepare_index,
+            index_publisher=ToQueryProcesses(lambda: self.queryprocs),
             on_thread_start=self.organizing.enter,
             status={
                 "inbox": self._inbox_status,
@@ -259,8 +262,7 @@ class Daemon:
     def _follower_hooks(self) -> EngineHooks:
         """A follower's engine: it serves and reports, it never organizes or pushes."""
         return EngineHooks(
-            on_index=self._publish_index,
-            on_index_prepare=self._prepare_index,
+            index_publisher=ToQueryProcesses(lambda: self.queryprocs),
             status={
                 "follow": self._follow_status,
                 "query_processes": self._query_status,
@@ -308,14 +310,6 @@ class Daemon:
         n = self.organizing.lower(cfg.background_nice)
         if n:
             log.info("organizing runs at nice +%d (%d threads)", cfg.background_nice, n)
-
-    def _publish_index(self, change: IndexChange) -> None:
-        if self.queryprocs is not None:
-            self.queryprocs.publish(change)
-
-    def _prepare_index(self, change: IndexChange) -> None:
-        if self.queryprocs is not None:
-            self.queryprocs.prepare(change)
 
     def _query_status(self) -> QueryProcessesStatus:
         if self.queryprocs is None:

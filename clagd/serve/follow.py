@@ -21,7 +21,7 @@ from pathlib import Path
 from clagd.engine.core import Engine
 from clagd.errors import ClagdError
 from clagd.store.follow import Fetched, FollowError, RemoteBranch, following
-from clagd.store.writer import Changes, WriteContext
+from clagd.store.writer import StoreChange, WriteContext
 
 log = logging.getLogger("clagd.follow")
 
@@ -150,7 +150,7 @@ class Follower:
             # a whole new index: an incremental one keeps the removed memories' slots and
             # terms until its segments merge, and a rewrite's removals must leave no trace
             ctx.w.fragments.clear()  # the cached file texts of the removed memories too
-            ctx.w.publish(Changes(full=True, commit=ctx.git.base))
+            ctx.w.publish(StoreChange.whole(ctx.state, ctx.git.base))
 
     def status(self) -> FollowStatus:
         s = self.state

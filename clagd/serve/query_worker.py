@@ -38,12 +38,12 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
+from clagd.change import IndexChange
 from clagd.engine.core import answer
 from clagd.engine.results import QueryResult
 from clagd.errors import ClagdError
 from clagd.libc import libc
 from clagd.protocol import QueryParams, error_reply
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.serve.control import (
     Applied,

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from clagd.change import IndexChange
 from clagd.config import ServerConfig
 from clagd.engine.core import Engine
 from clagd.protocol import OMIT_NONE
-from clagd.retrieval.change import IndexChange
 from clagd.serve.control import (
     Applied,
     Apply,
@@ -113,6 +113,10 @@ class BadTransition(AssertionError):
     """A query process was moved to a state its present state does not lead to."""
 
 
+# the query processes a change was sent to prepare: (slot, pid) of each
+SentTo = frozenset[tuple[int, int | None]]
+
+
 class _Proc:
     """One query process and the channel to it, as seen from the daemon."""
 
@@ -123,7 +127,6 @@ class _Proc:
         self.conn: Connection | None = None
         self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.applied = 0  # the newest version it has applied (while RECEIVING)
-        self.prepared: IndexChange | None = None  # the change it was sent to prepare
         self.queries = 0
         self.counted = 0  # `Queried` messages taken in from this life of the process
         self.started = 0.0
@@ -205,29 +208,33 @@ class QueryProcesses:
         self._next = 0
 
     # -- the writer's side ------------------------------------------------------------
-    def prepare(self, change: IndexChange) -> None:
-        """The writer is committing `change` (writer thread, before it writes the files):
-        every process that receives changes makes the snapshot it gives now, beside the one
-        it serves, and serves it once `publish` brings this same change (a commit that
-        failed brings none: the next `prepare` or `apply` replaces it)."""
+    # (`clagd.change.Publisher`: what `prepare` returns is the processes it reached)
+    def prepare(self, change: IndexChange) -> SentTo | None:
+        """The writer is committing `change` (writer thread, while the git thread writes
+        and commits the files): every process that receives changes makes the snapshot it
+        gives now, beside the one it serves, and serves it once `publish` says so (a commit
+        that failed is not published: the next `prepare` or `apply` replaces it). Returns
+        the processes told, by slot and pid (None: none)."""
         targets = [p for p in self._procs if p.receiving]
         if not targets:
-            return
+            return None
         data = pickle.dumps(Prepare(change), protocol=pickle.HIGHEST_PROTOCOL)
         for p in targets:
             p.outbox.put(data)
-            p.prepared = change
+        return frozenset((p.slot, p.pid) for p in targets)
 
-    def publish(self, change: IndexChange) -> None:
+    def publish(self, change: IndexChange, prepared: SentTo | None) -> None:
         """The served index changed (writer thread): queue the change for every process
-        that receives changes. Pickled here, once, before the writer goes on; a process
-        that prepared this change is only told to serve what it made."""
+        that receives changes. A process that `prepare` told of it (`prepared`, in this
+        same life of it) is only told to serve what it made; the others get the change,
+        pickled here once, before the writer goes on."""
         self.version += 1
+        told = prepared or frozenset()
         data = b""
         for p in self._procs:
             if not p.receiving:
                 continue
-            if p.prepared is change:
+            if (p.slot, p.pid) in told:
                 p.outbox.put(pickle.dumps(Commit(self.version)))
             else:
                 if not data:
@@ -235,7 +242,6 @@ class QueryProcesses:
                         Apply(self.version, change), protocol=pickle.HIGHEST_PROTOCOL
                     )
                 p.outbox.put(data)
-            p.prepared = None
 
     def _init_op(self, _ctx: WriteContext, p: _Proc) -> None:
         """On the writer thread (no change can be half-applied to the index meanwhile): the
@@ -246,7 +252,6 @@ class QueryProcesses:
             p.applied = self.version
             data = pickle.dumps(Init(self.version, self.engine.index), pickle.HIGHEST_PROTOCOL)
             p.outbox.put(data)
-            p.prepared = None
             p.change_state(ProcState.CATCHING_UP)
 
     # -- reads ------------------------------------------------------------------------
@@ -495,3 +500,20 @@ class QueryProcesses:
         if n is not None:
             self.on_serving(n)
         return replaced
+
+
+class ToQueryProcesses:
+    """The engine's index publisher in a daemon (`EngineHooks.index_publisher`): the query
+    processes once they run, nothing before (or when they are off)."""
+
+    def __init__(self, procs: Callable[[], QueryProcesses | None]) -> None:
+        self._procs = procs
+
+    def prepare(self, change: IndexChange) -> SentTo | None:
+        procs = self._procs()
+        return None if procs is None else procs.prepare(change)
+
+    def publish(self, change: IndexChange, prepared: SentTo | None) -> None:
+        procs = self._procs()
+        if procs is not None:
+            procs.publish(change, prepared)

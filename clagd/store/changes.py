@@ -1,59 +1,66 @@
-"""What one commit (or one reload) changed, in the terms the index needs."""
+"""What one commit (or one reload) changed: the index's change, and what only the engine
+needs besides. The writer makes a `StoreChange` and hands it to its publisher (the
+engine), in the two phases of `clagd.change.Publisher`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clagd.model import Cluster, Memory
+from clagd.change import IndexChange
+from clagd.model import Memory
 from clagd.store.files import ARCHIVE, CLUSTERS, UNSORTED, StoreState, read_files
 
 DATA_DIRS = (CLUSTERS, ARCHIVE, UNSORTED)
 
 
-@dataclass
-class Changes:
-    """What one commit changed, in the terms the index needs."""
+@dataclass(frozen=True)
+class StoreChange:
+    """What one commit changed: `index`, the change every copy of the index applies (a
+    whole one, `index.build`, when the store was read again from scratch); whether the
+    archive changed; the commit (None: not committed yet, or nothing to commit); and
+    `reloaded`: taken in from outside (the set of stored ids may have shrunk)."""
 
-    upsert_clusters: list[Cluster] = field(default_factory=list)
-    remove_clusters: list[str] = field(default_factory=list)
-    add_unsorted: list[Memory] = field(default_factory=list)
-    remove_unsorted: list[str] = field(default_factory=list)
+    index: IndexChange = field(default_factory=IndexChange)
     archive_changed: bool = False
-    full: bool = False
     commit: str | None = None
-    reloaded: bool = False  # taken in from outside (the set of stored ids may have shrunk)
+    reloaded: bool = False
+
+    @classmethod
+    def whole(cls, state: StoreState, commit: str | None) -> StoreChange:
+        """The whole store in `state`, read again from scratch (at `commit`)."""
+        index = IndexChange.whole(state.clusters.values(), state.unsorted_memories())
+        return cls(index, commit=commit)
 
     @property
     def empty(self) -> bool:
-        return not (
-            self.reloaded
-            or self.upsert_clusters
-            or self.remove_clusters
-            or self.add_unsorted
-            or self.remove_unsorted
-            or self.archive_changed
-            or self.full
-            or self.commit
-        )
+        return self.index.empty and not (self.reloaded or self.archive_changed or self.commit)
+
+
+def unsorted_change(
+    before: set[str], after: list[Memory], added: list[Memory], removed: list[str]
+) -> None:
+    """The memories of one shard that came (`after` not in `before`, onto `added`) and
+    went (onto `removed`, sorted)."""
+    added.extend(m for m in after if m.id not in before)
+    removed.extend(sorted(before - {m.id for m in after}))
 
 
 def read_changes(
     root: Path, base: StoreState, rel_paths: list[str], texts: dict[str, str] | None = None
-) -> tuple[StoreState, Changes]:
-    """`read_files`, plus the index changes that take `base` to the new state. `texts`: the
-    files as a commit holds them, instead of the working tree (see `parse_files`)."""
+) -> tuple[StoreState, StoreChange]:
+    """`read_files`, plus the change that takes `base` to the new state. `texts`: the files
+    as a commit holds them, instead of the working tree (see `parse_files`)."""
     state, upd = read_files(root, base, rel_paths, texts)
-    changes = Changes(archive_changed=bool(upd.archive))
-    for cid, c in upd.clusters.items():
-        if c is None:
-            changes.remove_clusters.append(cid)
-        else:
-            changes.upsert_clusters.append(c)
+    added: list[Memory] = []
+    removed: list[str] = []
     for name in upd.shards:
         before = {m.id for m in base.unsorted.get(name, [])}
-        after_list = state.unsorted.get(name, [])
-        after = {m.id for m in after_list}
-        changes.add_unsorted.extend(m for m in after_list if m.id not in before)
-        changes.remove_unsorted.extend(sorted(before - after))
-    return state, changes
+        unsorted_change(before, state.unsorted.get(name, []), added, removed)
+    index = IndexChange(
+        upsert_clusters=tuple(c for c in upd.clusters.values() if c is not None),
+        remove_clusters=tuple(cid for cid, c in upd.clusters.items() if c is None),
+        add_unsorted=tuple(added),
+        remove_unsorted=tuple(removed),
+    )
+    return state, StoreChange(index, archive_changed=bool(upd.archive))

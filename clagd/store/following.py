@@ -12,10 +12,11 @@ daemon ran.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from clagd.errors import Paused, StoreError
-from clagd.store.changes import DATA_DIRS, Changes, read_changes
+from clagd.store.changes import DATA_DIRS, StoreChange, read_changes
 from clagd.store.files import StoreState, load_state, memories_in
 from clagd.store.gitrepo import GitStore
 from clagd.store.history import HistoryLog, removed_between
@@ -51,7 +52,7 @@ class BranchFollower:
                 prev, now, removed, not self.git.is_ancestor(prev, now), "at start-up"
             )
 
-    def sync(self, state: StoreState) -> tuple[StoreState, Changes] | None:
+    def sync(self, state: StoreState) -> tuple[StoreState, StoreChange] | None:
         """Before any write: refuse (Paused) while the person's git holds the store; when
         the branch moved outside clagd, the state at its new head and the changes to it
         (None: it did not move)."""
@@ -64,7 +65,7 @@ class BranchFollower:
         self.paused = ""
         return moved
 
-    def _reload_from(self, state: StoreState, head: str | None) -> tuple[StoreState, Changes]:
+    def _reload_from(self, state: StoreState, head: str | None) -> tuple[StoreState, StoreChange]:
         old = self.git.base
         removed = removed_between(self.root, old, head) if old else None
         try:
@@ -77,7 +78,8 @@ class BranchFollower:
                 new, changes = read_changes(self.root, state, changed, texts)
                 self._note_edited(state, new, changed)
             else:  # unknown or pruned history: everything
-                new, changes = load_state(self.root), Changes(full=True)
+                new = load_state(self.root)
+                changes = StoreChange.whole(new, None)
             self.git.check_not_paused()  # no git command of the person's ran meanwhile
             if self.git.branch_head() != head:
                 raise Paused("the branch moved again while clagd read it; it reads it again")
@@ -93,9 +95,7 @@ class BranchFollower:
             rewrite = head is None or not self.git.is_ancestor(old, head)
             self.history.record(old, head, removed, rewrite, "while running")
         log.info("branch moved outside clagd (%s -> %s): reloaded", str(old)[:10], str(head)[:10])
-        changes.commit = head
-        changes.reloaded = True
-        return new, changes
+        return new, replace(changes, commit=head, reloaded=True)
 
     def _note_edited(self, old: StoreState, new: StoreState, changed: list[str]) -> None:
         """Remember the files of a move whose memories keep an old id on new content."""

@@ -3,7 +3,9 @@
 Every mutation (ingest batch, session apply, archive, revert, reload after an outside edit)
 is an operation submitted here and run in order. An operation marks the files it changes
 (`touch_*`), mutates `ctx.state`, then calls `ctx.commit(...)`, which writes those files
-atomically, commits exactly them, and publishes the change to the index. If an operation
+atomically, commits exactly them, and publishes the change to the index through the
+writer's one publisher (`clagd.change.Publisher`: `prepare` while the files are written and
+committed, `publish` once the commit exists). If an operation
 fails half-way, the working tree is put back to HEAD and the state reloaded, so a failure
 never leaves a half-applied change behind.
 """
@@ -16,14 +18,15 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
+from clagd.change import IndexChange, Publisher
 from clagd.errors import Conflict, HeadMoved, Paused, ReadOnly, StoreError
 from clagd.libc import syncfs
 from clagd.model import Memory
-from clagd.store.changes import DATA_DIRS, Changes, read_changes
+from clagd.store.changes import DATA_DIRS, StoreChange, read_changes, unsorted_change
 from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
 from clagd.store.files import (
     Fragments,
@@ -38,7 +41,7 @@ from clagd.store.following import BranchFollower
 from clagd.store.gitrepo import GitStore, blob_id
 from clagd.store.history import HistoryStatus
 
-__all__ = ["DATA_DIRS", "Changes", "WriteContext", "Writer", "read_changes"]
+__all__ = ["DATA_DIRS", "StoreChange", "WriteContext", "Writer", "read_changes"]
 
 log = logging.getLogger("clagd.writer")
 TXN_FILE = "clagd-txn"
@@ -48,6 +51,7 @@ MOVED_RETRIES = 5
 
 R = TypeVar("R")
 A = TypeVar("A")
+P = TypeVar("P")  # what the writer's publisher prepares beside a commit
 NO_ARG: Any = object()  # an operation submitted without an argument
 
 
@@ -68,7 +72,7 @@ class _Queued:
 
 
 class WriteContext:
-    def __init__(self, writer: Writer) -> None:
+    def __init__(self, writer: Writer[Any]) -> None:
         self.w = writer
         self._clusters: set[str] = set()
         self._archive: set[str] = set()
@@ -129,26 +133,52 @@ class WriteContext:
         marker, a crash after it loses nothing."""
         self.w.check_writable()
         w = self.w
-        changes = Changes()
+        change, shards = self._change()
+        w.begin_txn(subject, self.touched_paths())
+        batch_sync = w.can_syncfs
+
+        def commit() -> str | None:
+            """On the git thread, beside the publisher's `prepare`: the files, then git."""
+            written = self._write_files(shards, batch_sync)
+            return w.git.commit(
+                written,
+                subject,
+                body,
+                trailers,
+                flush=(lambda: self._flush(written)) if batch_sync else None,
+                expected=self._blobs,
+            )
+
+        sha, prepared = w.commit_beside_prepare(commit, change)
+        w.end_txn()
+        self.clear()
+        w.publish(replace(change, commit=sha), prepared)
+        return sha
+
+    def _change(self) -> tuple[StoreChange, list[tuple[str, list[Memory]]]]:
+        """What the touched files change (not committed yet), and each touched shard's
+        memories (a shard left empty leaves the state)."""
         shards: list[tuple[str, list[Memory]]] = []
+        added: list[Memory] = []
+        removed: list[str] = []
         for name, before in sorted(self._shards.items()):
             mems = self.state.unsorted.get(name, [])
             if not mems:
                 self.state.unsorted.pop(name, None)
             shards.append((name, mems))
-            after = {m.id for m in mems}
-            changes.add_unsorted.extend(m for m in mems if m.id not in before)
-            changes.remove_unsorted.extend(sorted(before - after))
-        for cid in sorted(self._clusters):
-            if cid in self.state.clusters:
-                changes.upsert_clusters.append(self.state.clusters[cid])
-            else:
-                changes.remove_clusters.append(cid)
-        changes.archive_changed = bool(self._archive)
-        if w.announce is not None and not changes.empty:
-            w.announce(changes, self.state)  # the readers' copies start on it now
-        w.begin_txn(subject, self.touched_paths())
-        batch_sync = w.can_syncfs
+            unsorted_change(before, mems, added, removed)
+        clusters = self.state.clusters
+        index = IndexChange(
+            upsert_clusters=tuple(clusters[c] for c in sorted(self._clusters) if c in clusters),
+            remove_clusters=tuple(c for c in sorted(self._clusters) if c not in clusters),
+            add_unsorted=tuple(added),
+            remove_unsorted=tuple(removed),
+        )
+        return StoreChange(index, archive_changed=bool(self._archive)), shards
+
+    def _write_files(self, shards: list[tuple[str, list[Memory]]], batch_sync: bool) -> list[str]:
+        """Write the touched files (without one fsync each when `batch_sync`: `_flush` then
+        flushes them all at once); returns their paths."""
         written: list[str] = []
         for cid in sorted(self._clusters):
             written.append(self._write_or_remove(cid, archived=False))
@@ -156,38 +186,24 @@ class WriteContext:
             written.append(self._write_or_remove(cid, archived=True))
         for name, mems in shards:
             path = self.paths.shard_file(name)
-            self._write(path, shard_yaml(mems, w.fragments) if mems else None, fsync=not batch_sync)
+            text = shard_yaml(mems, self.w.fragments) if mems else None
+            self._write(path, text, fsync=not batch_sync)
             written.append(str(path.relative_to(self.paths.root)))
         if not batch_sync:
             for d in DATA_DIRS:
                 fsync_dir(self.paths.root / d)
+        return written
 
-        def flush() -> None:
-            """After `git add`, before `git commit`: the files and the new objects."""
-            w.can_syncfs = syncfs(self.paths.root)
-            if not w.can_syncfs:  # flush what was written without fsync, file by file
-                for rel in written:
-                    fsync_file(self.paths.root / rel)
-                for d in DATA_DIRS:
-                    fsync_dir(self.paths.root / d)
-                os.sync()  # and the objects git wrote without fsync (paths not known here)
-
-        def commit() -> str | None:
-            return w.git.commit(
-                written,
-                subject,
-                body,
-                trailers,
-                flush=flush if batch_sync else None,
-                expected=self._blobs,
-            )
-
-        sha, prepared = w.commit_beside_prepare(commit, changes)
-        w.end_txn()
-        changes.commit = sha
-        self.clear()
-        w.publish(changes, prepared)
-        return sha
+    def _flush(self, written: list[str]) -> None:
+        """After `git add`, before `git commit`: the files and the new objects."""
+        w = self.w
+        w.can_syncfs = syncfs(self.paths.root)
+        if not w.can_syncfs:  # flush what was written without fsync, file by file
+            for rel in written:
+                fsync_file(self.paths.root / rel)
+            for d in DATA_DIRS:
+                fsync_dir(self.paths.root / d)
+            os.sync()  # and the objects git wrote without fsync (paths not known here)
 
     def record(
         self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
@@ -195,7 +211,7 @@ class WriteContext:
         """An empty commit that records an event (a session that changed nothing) in history."""
         self.w.check_writable()
         sha = self.w.git.commit([], subject, body, trailers, allow_empty=True)
-        self.w.publish(Changes(commit=sha))
+        self.w.publish(StoreChange(commit=sha))
         return sha
 
     def _write_or_remove(self, cid: str, archived: bool) -> str:
@@ -254,14 +270,15 @@ class WriteContext:
 
     def reload_paths(
         self, rel_paths: list[str], commit: str | None = None, settled: bool = False
-    ) -> Changes:
+    ) -> StoreChange:
         """Re-read the given store files from the working tree into the state (see
         `read_paths`) and publish them."""
-        candidate, changes = self.read_paths(rel_paths, settled)
-        self.adopt(candidate, changes, commit)
-        return changes
+        candidate, change = self.read_paths(rel_paths, settled)
+        return self.adopt(candidate, change, commit)
 
-    def read_paths(self, rel_paths: list[str], settled: bool = False) -> tuple[StoreState, Changes]:
+    def read_paths(
+        self, rel_paths: list[str], settled: bool = False
+    ) -> tuple[StoreState, StoreChange]:
         """The state with the given store files re-read from the working tree, and the
         index changes to it; nothing is published. Raises StoreError when a file is broken
         or ids collide. `settled`: the files are taken only if no git command of the
@@ -275,15 +292,18 @@ class WriteContext:
                 raise Paused("HEAD moved while clagd read the files; it reads them again")
         return candidate, changes
 
-    def adopt(self, state: StoreState, changes: Changes, commit: str | None = None) -> None:
-        """Make `state` (from `read_paths`) the served one."""
-        changes.commit = commit
+    def adopt(
+        self, state: StoreState, change: StoreChange, commit: str | None = None
+    ) -> StoreChange:
+        """Make `state` (from `read_paths`) the served one; returns the change published."""
+        change = replace(change, commit=commit)
         self.w.state = state
-        self.w.publish(changes)
+        self.w.publish(change)
+        return change
 
     def reload_all(self) -> None:
         self.w.state = load_state(self.paths.root)
-        self.w.publish(Changes(full=True, commit=self.w.git.head()))
+        self.w.publish(StoreChange.whole(self.w.state, self.w.git.head()))
 
 
 @dataclass(frozen=True)
@@ -297,15 +317,13 @@ class WriterStatus:
     last_error: str
 
 
-class Writer:
+class Writer(Generic[P]):
     def __init__(
         self,
         root: Path,
         state: StoreState,
         git: GitStore,
-        on_change: Callable[[Changes, StoreState, Any], None] | None = None,
-        prepare: Callable[[Changes, StoreState], Any] | None = None,
-        announce: Callable[[Changes, StoreState], None] | None = None,
+        publisher: Publisher[StoreChange, P] | None = None,
         fragments: Fragments | None = None,
         on_thread_start: Callable[[], None] | None = None,
     ) -> None:
@@ -314,18 +332,13 @@ class Writer:
         self.fragments = fragments if fragments is not None else Fragments()
         self.state = state
         self.git = git
-        # on_change(changes, state, prepared) publishes a change once it is committed;
-        # prepare(changes, state), when given, makes what on_change needs (the readers' next
-        # index snapshot) while git builds the commit: `prepared` is its result, or None
-        self.on_change = on_change
-        self.prepare = prepare
-        # announce(changes, state), when given, hears of a commit's changes before its files
-        # are written (the query processes make their next snapshot meanwhile); it must not
-        # touch git or the files, and a failure of the commit after it sends nothing more
-        self.announce = announce
+        # where each change goes (the engine): `prepare` runs on the writer thread while the
+        # git thread writes the commit's files and commits them (it must not touch git or
+        # the files, nor change the state); `publish` gets what it made once committed
+        self.publisher = publisher
         # called first on the writer thread and its git thread (the daemon nices them)
         self.on_thread_start = on_thread_start
-        # git's commit runs on this thread while the writer thread prepares
+        # a commit's files and git's commit run on this thread while the writer prepares
         self._git_thread = ThreadPoolExecutor(
             1, thread_name_prefix="clagd-writer-git", initializer=self._thread_started
         )
@@ -418,19 +431,19 @@ class Writer:
         self.txn_file.unlink(missing_ok=True)
 
     def commit_beside_prepare(
-        self, commit: Callable[[], str | None], changes: Changes
-    ) -> tuple[str | None, Any]:
-        """`commit()` (git: staging, objects, tree, the branch's compare-and-swap: child
-        processes, on the other core) on the git thread while this thread runs `prepare`
-        for `changes`, which must not touch git or the files. Returns the commit and what
-        `prepare` made. A failed commit raises as ever (what was prepared is dropped); a
-        failed `prepare` is logged and leaves the work to `on_change` after the commit."""
-        if self.prepare is None or changes.empty:
+        self, commit: Callable[[], str | None], change: StoreChange
+    ) -> tuple[str | None, P | None]:
+        """`commit()` (the files, then git: staging, objects, tree, the branch's
+        compare-and-swap, child processes on the other core) on the git thread while this
+        thread runs the publisher's `prepare` for `change`. Returns the commit and what
+        `prepare` made. A failed commit raises as ever (what was prepared is dropped, never
+        published); a failed `prepare` is logged and leaves the work to `publish`."""
+        if self.publisher is None or change.empty:
             return commit(), None
         fut = self._git_thread.submit(commit)
         prepared = None
         try:
-            prepared = self.prepare(changes, self.state)
+            prepared = self.publisher.prepare(change)
         except Exception as exc:  # noqa: BLE001 - publish does the same work and reports it
             log.warning("preparing the index beside the commit failed: %s", exc)
         except BaseException:
@@ -438,11 +451,13 @@ class Writer:
             raise
         return fut.result(), prepared
 
-    def publish(self, changes: Changes, prepared: Any = None) -> None:
-        if changes.commit:
+    def publish(self, change: StoreChange, prepared: P | None = None) -> None:
+        """`change` is committed (or taken in): the publisher serves it, from what its
+        `prepare` made for this very change when given."""
+        if change.commit:
             self.commits += 1
-        if self.on_change is not None and not changes.empty:
-            self.on_change(changes, self.state, prepared)
+        if self.publisher is not None and not change.empty:
+            self.publisher.publish(change, prepared)
 
     # -- the thread ------------------------------------------------------------------
     def _thread_started(self) -> None:
@@ -505,8 +520,8 @@ class Writer:
         in a move of the branch that the daemon did not make (`store/following.py`)."""
         moved = self.branch.sync(self.state)
         if moved is not None:
-            self.state, changes = moved
-            self.publish(changes)
+            self.state, change = moved
+            self.publish(change)
 
     def _rollback_worktree(self, rel_paths: list[str]) -> None:
         """Put the files a failed operation touched back to HEAD and re-read exactly those
@@ -525,9 +540,8 @@ class Writer:
                 # next `sync`, as always
                 base = self.git.base
                 texts = self.git.texts_at(base, rel_paths) if base else {}
-                self.state, changes = read_changes(self.paths.root, self.state, rel_paths, texts)
-                changes.commit = base
-                self.publish(changes)
+                self.state, change = read_changes(self.paths.root, self.state, rel_paths, texts)
+                self.publish(replace(change, commit=base))
                 log.info("put %d file(s) back to HEAD after a failed operation", len(rel_paths))
                 return
             except Exception as exc:  # noqa: BLE001 - fall back to the whole store
@@ -549,4 +563,4 @@ class Writer:
         texts = self.git.texts_at(base, DATA_DIRS) if base else {}
         self.state = read_files(self.paths.root, StoreState(), sorted(texts), texts)[0]
         self._needs_restore = False
-        self.publish(Changes(full=True, commit=base))
+        self.publish(StoreChange.whole(self.state, base))

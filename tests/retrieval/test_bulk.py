@@ -12,10 +12,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from helpers import assert_same_index
 
+from clagd.change import IndexChange
 from clagd.config import RetrievalConfig
 from clagd.model import Cluster, Memory
 from clagd.retrieval import bulk
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pickle
 
+from clagd.change import IndexChange
 from clagd.model import Cluster, Memory
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 

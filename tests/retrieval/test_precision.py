@@ -8,9 +8,9 @@ from pathlib import Path
 
 from helpers import InProcessDaemon, make_store
 
+from clagd.change import IndexChange
 from clagd.config import RetrievalConfig
 from clagd.model import Cluster, Memory
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from index_stores import COOKING, HIKING, mem, routing_store
 
+from clagd.change import IndexChange
 from clagd.config import Config, IngestConfig, RetrievalConfig
 from clagd.model import Cluster, Memory
 from clagd.retrieval import routing
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 

@@ -10,9 +10,9 @@ import pytest
 from index_stores import COOKING, HIKING, cluster, mem, random_store, routing_store
 from rank_bm25 import BM25Okapi
 
+from clagd.change import IndexChange
 from clagd.config import IngestConfig, RetrievalConfig
 from clagd.model import Cluster
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 from clagd.retrieval.scoring import ClusterScorer
 from clagd.text import tokenize

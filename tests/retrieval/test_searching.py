@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from index_stores import COOKING, HIKING, T0, cluster, mem, random_store
 
+from clagd.change import IndexChange
 from clagd.config import RetrievalConfig
 from clagd.model import Cluster, Memory
 from clagd.retrieval import searching
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from index_stores import HIKING, mem, random_store, same_results
 
+from clagd.change import IndexChange
 from clagd.model import Cluster, Memory
-from clagd.retrieval.change import IndexChange
 from clagd.retrieval.index import Index
 
 

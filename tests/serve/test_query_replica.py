@@ -10,13 +10,29 @@ from pathlib import Path
 import pytest
 from helpers import git, make_store
 
+from clagd.change import IndexChange
 from clagd.engine.core import Engine, answer
 from clagd.engine.hooks import EngineHooks
 from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
 from clagd.serve.control import Applied
+from clagd.serve.query_worker import Replica
 
 QUERIES = ["tea", "garden tomatoes", "meeting monday", "dog walk park", "bike repair", "x"]
+
+
+class _Published:
+    """An index publisher that only keeps what it is published, pickled as a query process
+    gets it (it prepares nothing)."""
+
+    def __init__(self) -> None:
+        self.changes: list[bytes] = []
+
+    def prepare(self, change: IndexChange) -> None:
+        return None
+
+    def publish(self, change: IndexChange, prepared: None) -> None:
+        self.changes.append(pickle.dumps(change, pickle.HIGHEST_PROTOCOL))
 
 
 def test_the_copy_answers_as_the_engine_after_every_change(tmp_path: Path) -> None:
@@ -24,11 +40,9 @@ def test_the_copy_answers_as_the_engine_after_every_change(tmp_path: Path) -> No
         tmp_path / "m",
         {"ingest": {"route_inline_max": 5}, "archive": {"cold_after_days": 0, "min_size": 1}},
     )
-    changes: list[bytes] = []
-    hooks = EngineHooks(
-        on_index=lambda ch: changes.append(pickle.dumps(ch, pickle.HIGHEST_PROTOCOL))
-    )
-    eng = Engine(store, hooks=hooks)
+    published = _Published()
+    changes = published.changes
+    eng = Engine(store, hooks=EngineHooks(index_publisher=published))
     copy: Index = pickle.loads(pickle.dumps(eng.index, pickle.HIGHEST_PROTOCOL))
     seen = 0
 
@@ -114,40 +128,50 @@ class _Channel:
         self.sent.append(pickle.loads(data))
 
 
-def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path: Path) -> None:
-    """The query process's way: each change arrives first as `prepare` (while the writer's
-    git runs) and is served on `commit`; a change the engine made again after the commit
-    (not the prepared object) comes whole as `apply`. Its answers equal the engine's, and it
-    serves a prepared snapshot only once committed."""
-    from clagd.serve.query_worker import Replica
+class _ToReplica:
+    """The query processes' publisher, with one Replica in this process: each change goes
+    pickled to `prepare` (the snapshot is made, not served), then `commit` serves what was
+    prepared; a change published without being prepared comes whole as `apply`."""
 
-    store = make_store(tmp_path / "m", {"ingest": {"route_inline_max": 5}})
-    channel = _Channel()
-    replica: Replica | None = None
-    prepared: list[object] = []
-    served: list[str] = []
+    def __init__(self, store: Path, channel: _Channel) -> None:
+        self.store = store
+        self.channel = channel
+        self.replica: Replica | None = None
+        self.served: list[str] = []
+        self.heads: list[str] = []  # HEAD when each change was prepared
 
-    def on_prepare(change: object) -> None:
+    def prepare(self, change: IndexChange) -> int:
+        replica = self.replica
         assert replica is not None
+        self.heads.append(git(self.store, "rev-parse", "HEAD").strip())
         before = replica.index
         replica.prepare(pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)))
         assert replica.index is before  # not served before its commit
-        prepared.append(change)
+        return replica.version
 
-    def on_index(change: object) -> None:
+    def publish(self, change: IndexChange, prepared: int | None) -> None:
+        replica = self.replica
         assert replica is not None
         version = replica.version + 1
-        if prepared and prepared[-1] is change:
+        if prepared is not None:
+            assert prepared == replica.version  # prepared on the snapshot it still serves
             replica.commit(version)
-            served.append("commit")
+            self.served.append("commit")
         else:
             replica.apply(version, pickle.loads(pickle.dumps(change, pickle.HIGHEST_PROTOCOL)))
-            served.append("apply")
-        prepared.clear()
-        assert channel.sent[-1] == Applied(version)
+            self.served.append("apply")
+        assert self.channel.sent[-1] == Applied(version)
 
-    eng = Engine(store, hooks=EngineHooks(on_index=on_index, on_index_prepare=on_prepare))
-    replica = Replica(channel, pickle.loads(pickle.dumps(eng.index)), 0)  # type: ignore[arg-type]
+
+def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path: Path) -> None:
+    """The query process's way: each change arrives first as `prepare` (while the writer's
+    git runs) and is served on `commit`; a change the engine published without preparing
+    it comes whole as `apply`. Its answers equal the engine's, and it serves a prepared
+    snapshot only once committed."""
+    store = make_store(tmp_path / "m", {"ingest": {"route_inline_max": 5}})
+    to = _ToReplica(store, _Channel())
+    eng = Engine(store, hooks=EngineHooks(index_publisher=to))
+    to.replica = Replica(to.channel, pickle.loads(pickle.dumps(eng.index)), 0)  # type: ignore[arg-type]
     topics = ["tea", "garden tomatoes", "meeting monday", "dog walk park", "bike repair"]
     try:
         for r in range(4):
@@ -155,10 +179,11 @@ def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path:
         eng.add([{"content": f"{topics[i % 5]} bulk {i}"} for i in range(40)])
         eng.maybe_route(wait=True)
         assert eng.recluster("manual").status in ("accepted", "noop")
-        assert served.count("commit") >= 6, served
-        assert len(replica.index) == len(eng.index)
+        assert to.served.count("commit") >= 6, to.served
+        assert len(to.replica.index) == len(eng.index)
         for q in QUERIES:
-            assert answer(replica.index, QueryParams(q))[0] == answer(eng.index, QueryParams(q))[0]
+            mine = answer(to.replica.index, QueryParams(q))[0]
+            assert mine == answer(eng.index, QueryParams(q))[0]
     finally:
         eng.close()
 
@@ -166,8 +191,6 @@ def test_a_copy_that_prepares_beside_each_commit_answers_as_the_engine(tmp_path:
 def test_a_prepared_change_whose_commit_failed_is_never_served() -> None:
     from clagd.errors import ClagdError
     from clagd.model import Memory
-    from clagd.retrieval.change import IndexChange
-    from clagd.serve.query_worker import Replica
 
     channel = _Channel()
     base = Index.build([], [Memory.new("the first note")])
@@ -185,21 +208,20 @@ def test_a_prepared_change_whose_commit_failed_is_never_served() -> None:
     assert replica.version == 4 and channel.sent == [Applied(4)]
 
 
-def test_a_change_is_sent_to_prepare_before_its_files_are_written(tmp_path: Path) -> None:
-    """The query processes make their snapshot while the writer writes the files and git
-    commits them: the change reaches them before either has happened."""
+def test_a_change_is_sent_to_prepare_before_its_commit_exists(tmp_path: Path) -> None:
+    """The query processes make their snapshot while the git thread writes the files and
+    commits them: the change reaches them before the commit exists, and it is published
+    (as `commit`, never whole) once it does."""
     store = make_store(tmp_path / "m")
-    seen: list[tuple[bool, str]] = []
-
-    def on_prepare(change: object) -> None:
-        on_disk = any("a note announced early" in p.read_text() for p in store.rglob("*.yaml"))
-        seen.append((on_disk, git(store, "rev-parse", "HEAD").strip()))
-
-    eng = Engine(store, hooks=EngineHooks(on_index_prepare=on_prepare))
+    to = _ToReplica(store, _Channel())
+    eng = Engine(store, hooks=EngineHooks(index_publisher=to))
+    to.replica = Replica(to.channel, pickle.loads(pickle.dumps(eng.index)), 0)  # type: ignore[arg-type]
     try:
         head = git(store, "rev-parse", "HEAD").strip()
-        out = eng.add([{"content": "a note announced early"}])
-        assert seen == [(False, head)]
+        out = eng.add([{"content": "a note prepared early"}])
+        assert to.heads == [head]
         assert git(store, "rev-parse", "HEAD").strip() == out.commit != head
+        assert to.served == ["commit"]
+        assert to.replica.index.search("prepared early", max_memories=1).memories
     finally:
         eng.close()

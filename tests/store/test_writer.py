@@ -155,8 +155,9 @@ def test_one_syncfs_after_git_add_and_before_the_commit(
 def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The writer makes the readers' next snapshot while git builds the commit (on a thread
-    of its own): the engine serves it once the commit exists; a failed commit drops it
+    """The writer makes the readers' next snapshot (its publisher's `prepare`) while the
+    commit's files are written and git builds the commit (on a thread of its own): the
+    engine serves it once the commit exists; a failed commit drops it
     (nothing is served that no commit holds); a failed preparation is logged and the
     snapshot made after the commit instead."""
     import threading
@@ -164,7 +165,7 @@ def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
     root = make_store(tmp_path / "m")
     eng = Engine(root)
     try:
-        real_commit, real_prepare = eng.git.commit, eng.writer.prepare
+        real_commit, real_prepare = eng.git.commit, eng.prepare
         seen: dict[str, object] = {}
 
         def commit(*a, **kw):  # type: ignore[no-untyped-def]
@@ -172,13 +173,13 @@ def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
             seen["index while git commits"] = eng.index
             return real_commit(*a, **kw)
 
-        def prepare(changes, state):  # type: ignore[no-untyped-def]
+        def prepare(change):  # type: ignore[no-untyped-def]
             seen["prepare thread"] = threading.current_thread().name
-            seen["prepared"] = real_prepare(changes, state)
+            seen["prepared"] = real_prepare(change)
             return seen["prepared"]
 
         monkeypatch.setattr(eng.git, "commit", commit)
-        monkeypatch.setattr(eng.writer, "prepare", prepare)
+        monkeypatch.setattr(eng, "prepare", prepare)
         before = eng.index
         eng.ingest([Item("the first memory about kites", None, {})], "test")
         assert seen["git thread"].startswith("clagd-writer-git")
@@ -204,10 +205,10 @@ def test_the_index_snapshot_is_made_while_git_commits_and_served_only_after(
         # a preparation that fails: logged, the snapshot is made after the commit
         monkeypatch.setattr(eng.git, "commit", real_commit)
 
-        def broken(changes, state):  # type: ignore[no-untyped-def]
+        def broken(change):  # type: ignore[no-untyped-def]
             raise Boom("no snapshot")
 
-        monkeypatch.setattr(eng.writer, "prepare", broken)
+        monkeypatch.setattr(eng, "prepare", broken)
         eng.ingest([Item("a memory about trains", None, {})], "test")
         assert eng.query("trains", count_round=False).memories[0].content.endswith("trains")
         files = load_state(root)
