@@ -494,6 +494,22 @@ class Client:
             params["scope"] = chosen
         return self.request("add", params)
 
+    def add_messages(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Store a conversation as mem0's `add(messages)` takes it,
+        `[{"role": "user", "content": ..., "created_at": ...}, ...]`: one memory per user
+        turn (and per assistant turn when the store sets `ingest.assistant_turns`), each with
+        `role` and `speaker` metadata (the message's `speaker` or `name`, else its role);
+        `metadata` is every turn's. System and tool turns are not stored (`skipped` counts
+        the turns left out). All messages are checked first; one bad message refuses all."""
+        params: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+        if metadata:
+            params["metadata"] = dict(metadata)
+        return self.request("add", params)
+
     def query(
         self,
         text: str,

@@ -158,6 +158,8 @@ class IngestConfig:
     route_margin: float = 1.5
     route_inline_max: int = 50
     route_delay_seconds: float = 0.2
+    # conversation input (`ingest.turns`): store the assistant's turns too, not only the user's
+    assistant_turns: bool = False
 
 
 @dataclass

@@ -131,7 +131,7 @@ def test_import_reports_every_file_it_skips(daemon: InProcessDaemon, tmp_path: P
     assert out["added"] == (3 if root else 2)
     assert out["skipped"] == {
         f"{src}/.git/": "hidden folder",
-        str(src / "blob.bin"): "unknown suffix .bin (not .json .md .txt .yaml .yml)",
+        str(src / "blob.bin"): "unknown suffix .bin (not .json .jsonl .md .txt .yaml .yml)",
         str(src / "draft.md.tmp"): "hidden or temporary name (as in the inbox)",
         str(src / "gone.yaml"): "not a regular file",
     }

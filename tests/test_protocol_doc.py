@@ -129,6 +129,11 @@ def test_every_op_replies_as_the_doc_says(daemon: InProcessDaemon) -> None:
         call("add", content="Alice drinks green tea", metadata={"source": "chat"})
         items = [{"content": f"a note about the garden, number {i}"} for i in range(4)]
         call("add", items=items)
+        chat = [
+            {"role": "user", "content": "I fly to Lisbon"},
+            {"role": "assistant", "content": "ok"},
+        ]
+        call("add", messages=chat, metadata={"conversation": "c1"})
         found = call("query", text="what does alice drink", max_memories=3)
         call("query", text="what does alice drink", where={"source": "chat"})
         call("get", memory_id=found["memories"][0]["id"])

@@ -46,6 +46,7 @@ from clagd.engine.warmstart import WarmStart, reread_at
 from clagd.errors import BadRequest, Conflict, Paused, StoreError
 from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
+from clagd.ingest.turns import stored_roles, turn_items
 from clagd.model import Memory, iso_utc
 from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.index import Index
@@ -336,7 +337,23 @@ class Engine:
         items = [validate_item(r, f"item {i + 1}", given) for i, r in enumerate(raw_items)]
         return Added.of(self.ingest(items, source=source))
 
+    def add_messages(
+        self, raw: object, metadata: object = None, source: str = "socket", scope: object = None
+    ) -> Added:
+        """Chat messages, one memory per turn of the roles configured (`ingest.turns`),
+        every message checked first; `skipped` counts the turns left out by role.
+        `scope`: the request's, as for `add`."""
+        if not isinstance(raw, list) or not raw:
+            raise BadRequest("'messages' must be a non-empty list of chat messages")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise BadRequest("'metadata' must be an object (shared by every turn)")
+        given = None if scope is None else check_scope(scope)
+        items = turn_items(raw, metadata, scope=given)
+        kept = self.kept_turns(items)
+        return Added.of(self.ingest(kept, source=source), skipped=len(items) - len(kept))
+
     def ingest(self, items: list[Item], source: str = "inbox", files: int = 0) -> IngestResult:
+        items = self.kept_turns(items)
         try:
             res: IngestResult = self.writer.call(self._ingest_op, IngestBatch(items, source, files))
         except Exception:
@@ -351,6 +368,13 @@ class Engine:
             if self.new_since_session >= self.config.session.memory_add_threshold:
                 self._threshold("memories")
         return res
+
+    def kept_turns(self, items: list[Item]) -> list[Item]:
+        """The items to store: every memory, and the conversation turns of the roles
+        configured (`ingest.turns`: user turns, and assistant ones with
+        `ingest.assistant_turns`)."""
+        roles = stored_roles(self.config.ingest.assistant_turns)
+        return [it for it in items if it.role is None or it.role in roles]
 
     def _ingest_op(self, ctx: WriteContext, batch: IngestBatch) -> IngestResult:
         # Take in an outside change first (a hand edit, a user's commit): routing a memory

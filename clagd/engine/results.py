@@ -38,9 +38,10 @@ class Added:
     commit: str | None
     files: int
     route_deferred: bool
+    skipped: int = 0  # conversation turns left out by role (`ingest.assistant_turns`)
 
     @classmethod
-    def of(cls, res: IngestResult) -> Added:
+    def of(cls, res: IngestResult, skipped: int = 0) -> Added:
         return cls(
             res.batch,
             len(res.added),
@@ -52,6 +53,7 @@ class Added:
             res.commit,
             res.files,
             res.deferred,
+            skipped,
         )
 
 

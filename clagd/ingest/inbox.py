@@ -28,7 +28,7 @@ from clagd.yamlio import YamlError, loads
 
 log = logging.getLogger("clagd.inbox")
 
-SUFFIXES = {".yaml", ".yml", ".json", ".md", ".txt"}
+SUFFIXES = {".yaml", ".yml", ".json", ".jsonl", ".md", ".txt"}
 IGNORED_ENDINGS = (".tmp", ".part", ".swp", "~")
 MAX_CONTENT_CHARS = 65_536
 KNOWN_KEYS = {"content", "metadata", "created_at", "scope"}
@@ -46,6 +46,8 @@ class Item:
     scope: str = DEFAULT_SCOPE
     # set by `validate_item`: `content` is normalized already (its id is only a hash)
     normalized: bool = field(default=False, compare=False)
+    # a conversation turn's role (`ingest.turns`): the engine stores the roles configured
+    role: str | None = field(default=None, compare=False)
 
 
 MAX_INT = 2**63  # a metadata integer must fit a JSON number every reader can take
@@ -184,13 +186,42 @@ def validate_item(raw: Any, where: str = "item", scope: str | None = None) -> It
 
 
 def _items_from_data(data: Any, max_items: int, scope: str | None) -> list[Item]:
+    """A file's items: a mapping or a list of them, each a memory or a chat message (a
+    `role` key; `ingest.turns`), or a conversation (`{"messages": [...], ...}`)."""
+    from clagd.ingest.turns import conversation_items, is_conversation, is_turn, turn_item
+
+    if is_conversation(data):
+        if isinstance(data["messages"], list) and len(data["messages"]) > max_items:
+            raise InboxRejected(f"more than {max_items} messages in one file")
+        return conversation_items(data, scope=scope)
     if isinstance(data, list):
         if not data:
             raise InboxRejected("the list is empty")
         if len(data) > max_items:
             raise InboxRejected(f"more than {max_items} items in one file")
-        return [validate_item(d, f"item {i + 1}", scope) for i, d in enumerate(data)]
+        return [
+            turn_item(d, f"message {i + 1}", scope=scope)
+            if is_turn(d)
+            else validate_item(d, f"item {i + 1}", scope)
+            for i, d in enumerate(data)
+        ]
+    if is_turn(data):
+        return [turn_item(data, "file", scope=scope)]
     return [validate_item(data, "file", scope)]
+
+
+def _json_lines(text: str) -> list[Any]:
+    """A `.jsonl` file: one JSON object per line (blank lines skipped); a bad line is named
+    by its number."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise InboxRejected(f"bad JSON on line {n}: {exc}") from None
+    return out
 
 
 def parse_text(
@@ -223,6 +254,8 @@ def _parse_text(name: str, text: str, max_items: int, scope: str | None) -> list
         except (json.JSONDecodeError, RecursionError) as exc:
             raise InboxRejected(f"bad JSON: {exc}") from None
         return _items_from_data(data, max_items, scope)
+    if suffix == ".jsonl":
+        return _items_from_data(_json_lines(text), max_items, scope)
     if suffix == ".md":
         front: dict[str, Any] = {}
         body = text
@@ -247,7 +280,7 @@ def _parse_text(name: str, text: str, max_items: int, scope: str | None) -> list
     if suffix == ".txt":
         return [validate_item({"content": text}, "file", scope)]
     raise InboxRejected(
-        f"unsupported file type {suffix or '(none)'}: use .yaml .yml .json .md .txt"
+        f"unsupported file type {suffix or '(none)'}: use .yaml .yml .json .jsonl .md .txt"
     )
 
 

@@ -350,7 +350,7 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     d = Dispatcher()
     d.op("ping", lambda p: {"pong": True, "pid": os.getpid(), "store": str(engine.root)})
     d.op("status", lambda p: engine.status())
-    d.op("add", lambda p: engine.add(_items(p), source=_source(p), scope=p.get("scope")))
+    d.op("add", lambda p: _add(engine, p))
     d.op("query", lambda p: engine.run_query(QueryParams.from_request(p)))
     d.op("get", lambda p: engine.get(p.get("memory_id")))
     d.op("list", lambda p: engine.list_memories(ListParams.from_request(p)))
@@ -383,9 +383,18 @@ def _source(p: dict[str, Any]) -> str:
     return str(source)
 
 
+def _add(engine: Engine, p: dict[str, Any]) -> object:
+    """`add`: one memory (`content`), several (`items`), or chat messages (`messages`, one
+    memory per turn of the roles configured; `metadata` is then every turn's)."""
+    scope = p.get("scope")
+    if "messages" in p:
+        return engine.add_messages(p["messages"], p.get("metadata"), _source(p), scope)
+    return engine.add(_items(p), source=_source(p), scope=scope)
+
+
 def _items(p: dict[str, Any]) -> list[Any]:
     if "items" in p:
         return p["items"] if isinstance(p["items"], list) else [p["items"]]
     if "content" in p:
         return [{k: v for k, v in p.items() if k in ("content", "metadata", "created_at")}]
-    raise BadRequest("'add' needs 'content' or 'items'")
+    raise BadRequest("'add' needs 'content', 'items' or 'messages'")
