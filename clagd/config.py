@@ -70,6 +70,7 @@ class GateConfig:
     enabled: bool = True  # measure each model before it may organize; off: trust every model
     margin: float = 0.05  # a model must beat the lexical organizer by this much at a task
     timeout: float = 120.0  # seconds per gate call
+    total_seconds: float = 1800.0  # the whole measurement; calls not made in time score 0
 
 
 @dataclass
@@ -99,6 +100,10 @@ class SessionConfig:
     # than target_cluster_size are split where the topic shifts
     episode_gap_minutes: float = 30.0
     target_cluster_size: int = 12
+    # a model allowed to name but not to organize: seconds per naming call, and for all of
+    # a session's naming calls (what is not named in time keeps the lexical names)
+    naming_timeout: float = 60.0
+    naming_seconds: float = 300.0
 
 
 @dataclass

@@ -68,6 +68,9 @@ def check_backend(c: _Checker) -> None:
     lc.at_least(256, "n_ctx")
     lc.at_least(1, "n_threads", "max_tokens")
     lc.above(0, "timeout")
+    g = _Checker(c.s.gate, c.prefix + ".gate", c.source)
+    g.at_least(0, "margin")
+    g.above(0, "timeout", "total_seconds")
 
 
 def check_session(c: _Checker) -> None:
@@ -75,7 +78,7 @@ def check_session(c: _Checker) -> None:
     c.at_least(1, "chunk_size", "min_cluster_size", "coarse_threshold", "target_cluster_size")
     c.at_least(0, "interval_minutes")
     c.within(0, 1, "validate_fraction", "max_error_rate", "merge_similarity")
-    c.above(0, "episode_gap_minutes")
+    c.above(0, "episode_gap_minutes", "naming_timeout", "naming_seconds")
     if c.s.max_cluster_size < c.s.min_cluster_size:
         c.fail("max_cluster_size", f">= session.min_cluster_size ({c.s.min_cluster_size})")
 

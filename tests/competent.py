@@ -40,10 +40,16 @@ def gate_reference() -> dict[str, str]:
     return ref
 
 
+def gate_descriptions() -> dict[str, str]:
+    scenes, _h = load_gate_set()
+    return {s.groups[g]: d for s in scenes for g, d in s.descriptions.items()}
+
+
 class Competent:
     def __init__(self, reference: dict[str, str] | None = None) -> None:
         self.reference = gate_reference()
         self.reference.update({_key(k): v for k, v in (reference or {}).items()})
+        self.descriptions = gate_descriptions()
         self.calls = 0
 
     def group(self, text: str) -> str | None:
@@ -60,6 +66,8 @@ class Competent:
             return {"content": self.routes(props, user)}
         if "verdicts" in props:
             return {"content": self.verdicts(props, user)}
+        if "groups" in props:
+            return {"content": self.profiles(props, user)}
         return {"content": {}}
 
     def _clusters(self, user: str) -> dict[str, str]:
@@ -109,6 +117,27 @@ class Competent:
                 g = self.group(m.group(2))
                 out[m.group(1)] = existing.get((g or "").casefold(), NEW)
         return {"routes": out}
+
+    def profiles(self, props: dict[str, Any], user: str) -> dict[str, Any]:
+        """Each group named by its members' reference name (the naming call)."""
+        members: dict[str, list[str]] = {}
+        key = ""
+        for line in user.splitlines():
+            head = re.match(r"^(G\d+) \(", line)
+            if head:
+                key = head.group(1)
+            elif line.startswith("- ") and key:
+                members.setdefault(key, []).append(self.group(line[2:]) or "other user notes")
+        out = {}
+        for k in props["groups"]["required"]:
+            names = members.get(k) or ["other user notes"]
+            name = max(set(names), key=names.count)
+            out[k] = {
+                "name": name,
+                "description": self.descriptions.get(name, f"What the user said about {name}."),
+                "tags": [w.strip("'s").casefold() for w in name.split()][:3],
+            }
+        return {"groups": out}
 
     def verdicts(self, props: dict[str, Any], user: str) -> dict[str, Any]:
         keys = props["verdicts"]["required"]

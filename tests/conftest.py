@@ -11,7 +11,13 @@ from helpers import DaemonProcess, InProcessDaemon, make_store
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_env(
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    if "qwen" not in request.keywords:  # the user-wide caches (gate verdicts, answers)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
     for var in (
         "CLAGD_BACKEND",
         "CLAGD_STORE",

@@ -33,8 +33,8 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast, get_args
@@ -43,7 +43,17 @@ from clagd.config import BackendKind, Config, SessionConfig
 from clagd.errors import BackendError, ClagdError
 from clagd.model import Cluster, Memory
 from clagd.organize.examples import copied, prompt_examples
+from clagd.organize.gate_cache import model_identity, user_gate_dir, write_json
+from clagd.organize.gate_result import GateResult, TaskScore
+from clagd.organize.gate_stats import accuracy, balanced, bootstrap, pair_f1_of
 from clagd.organize.lexical import organize
+from clagd.organize.naming import (
+    PROMPT_HASH,
+    Profile,
+    naming_messages,
+    naming_schema,
+    parse_profiles,
+)
 from clagd.organize.plan import PlanError
 from clagd.organize.plan_checks import validate_plan
 from clagd.organize.plan_parse import parse_plan
@@ -51,18 +61,19 @@ from clagd.organize.plan_schema import Aliases, build_schema
 from clagd.organize.prompts import load_prompt, organize_messages
 from clagd.organize.similarity import ClusterScores
 from clagd.slm.base import Backend
+from clagd.slm.schema import closed_object, one_of
 from clagd.text import tokenize
 from clagd.yamlio import load_yaml_file
 
 log = logging.getLogger("clagd.gate")
 
 GATE_SET = Path(__file__).with_name("gate_set.yaml")
-TASKS = ("route", "organize", "name", "judge")
 JUDGE_MIN_AUC = 0.75
 # how the gate scores (part of the cache key: a verdict scored another way is measured again)
 # 2: the naming baseline names the reference groups (was the one lexical cluster's name)
 # 3: the routing baseline is the index's BM25 (was IDF-weighted term overlap)
-SCORING = 3
+# 4: intervals; allowed on the lower bound; naming is its own call, scored on later questions
+SCORING = 4
 NEW = "NEW"
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=timezone.utc)
 
@@ -85,6 +96,8 @@ class Scene:
     probes: list[tuple[str, str]]  # (memory text, true cluster name or NEW)
     plan: list[tuple[str, int]]  # (memory text, reference group), in arrival order
     groups: dict[int, str]
+    queries: dict[int, list[str]] = field(default_factory=dict)  # later questions per group
+    descriptions: dict[int, str] = field(default_factory=dict)  # reference profile sentences
 
 
 def load_gate_set(path: Path = GATE_SET) -> tuple[list[Scene], str]:
@@ -110,6 +123,8 @@ def load_gate_set(path: Path = GATE_SET) -> tuple[list[Scene], str]:
                 [(p["text"], p["cluster"]) for p in s["probes"]],
                 [(p["text"], int(p["group"])) for p in s["plan"]],
                 {int(k): str(v) for k, v in s["groups"].items()},
+                {int(k): [str(q) for q in v] for k, v in (s.get("queries") or {}).items()},
+                {int(k): str(v) for k, v in (s.get("descriptions") or {}).items()},
             )
         )
     return scenes, hashlib.sha256(raw).hexdigest()[:16]
@@ -147,112 +162,38 @@ def lexical_route(text: str, clusters: list[Cluster]) -> str:
     return best.name if scores.get(best.id, 0.0) > 0 else NEW
 
 
-def pair_f1(pred: Mapping[str, str], truth: Mapping[str, Any]) -> float:
-    """Pairwise F1 of a grouping against the reference (1.0: the same partition)."""
+def pair_outcomes(pred: Mapping[str, str], truth: Mapping[str, Any]) -> list[tuple[bool, bool]]:
+    """(predicted same group, truly same group) for every pair of the reference's memories."""
     keys = sorted(truth)
-    tp = fp = fn = 0
+    out = []
     for i, a in enumerate(keys):
         for b in keys[i + 1 :]:
             same_p = pred.get(a) is not None and pred.get(a) == pred.get(b)
-            same_t = truth[a] == truth[b]
-            tp += same_p and same_t
-            fp += same_p and not same_t
-            fn += same_t and not same_p
-    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+            out.append((same_p, truth[a] == truth[b]))
+    return out
 
 
-def naming_score(
-    named: list[tuple[str, list[str]]], groups: dict[int, list[str]], truth: Mapping[str, int]
-) -> float:
-    """Share of clusters whose name, as a query over the reference groups' memories, ranks
-    first the group most of the cluster's memories belong to."""
-    if not named:
-        return 0.0
-    order = sorted(groups)
-    docs = [" ".join(groups[g]) for g in order]
-    hits = 0
-    for name, members in named:
-        majority = Counter(truth[m] for m in members).most_common(1)[0][0]
-        score, i = overlap_rank(name, docs)[0]
-        hits += score > 0 and order[i] == majority
-    return hits / len(named)
-
-
-# -- the result --------------------------------------------------------------------------
-
-
-@dataclass
-class TaskScore:
-    model: float
-    lexical: float
-    allowed: bool
-    why: str
-
-
-@dataclass
-class GateResult:
-    backend: str
-    model: str
-    key: str  # gate set + prompt + model: a cached result is reused only for the same key
-    measured_at: str
-    tasks: dict[str, TaskScore] = field(default_factory=dict)
-    copies: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    # per task: calls, seconds, prompt_tokens, completion_tokens (for benchmarks and status)
-    cost: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def allows(self, task: str) -> bool:
-        t = self.tasks.get(task)
-        return bool(t and t.allowed)
-
-    def may_organize(self) -> bool:
-        return self.allows("organize") and self.allows("name")
-
-    def refused(self) -> str:
-        """Why the model may not organize (empty when it may)."""
-        return "; ".join(
-            f"{k} {t.why}"
-            for k, t in self.tasks.items()
-            if k in ("organize", "name") and not t.allowed
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["allowed"] = [k for k in TASKS if self.allows(k)]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GateResult:
-        tasks = {k: TaskScore(**v) for k, v in (d.get("tasks") or {}).items()}
-        known = {f for f in cls.__dataclass_fields__ if f != "tasks"}
-        return cls(**{k: v for k, v in d.items() if k in known}, tasks=tasks)
-
-    def lines(self) -> list[str]:
-        out = [f"{self.backend} {self.model} (measured {self.measured_at}, {self.seconds:.0f} s):"]
-        for k in TASKS:
-            t = self.tasks.get(k)
-            if t is not None:
-                verdict = "allowed" if t.allowed else "refused"
-                out.append(
-                    f"  {k:<9} model {t.model:.2f}  lexical {t.lexical:.2f}  {verdict}: {t.why}"
-                )
-        out += [f"  copied: {c}" for c in self.copies[:5]]
-        out += [f"  error: {e}" for e in self.errors[:5]]
-        return out
+def pair_f1(pred: Mapping[str, str], truth: Mapping[str, Any]) -> float:
+    """Pairwise F1 of a grouping against the reference (1.0: the same partition)."""
+    return pair_f1_of(pair_outcomes(pred, truth))
 
 
 # -- measuring ---------------------------------------------------------------------------
 
 
 class _Meter:
-    """Calls the backend, counting calls, tokens (failed answers too) and errors."""
+    """Calls the backend, counting calls, tokens (failed answers too) and errors; no call
+    starts after `deadline` (time.monotonic()), and none may outlast it."""
 
-    def __init__(self, backend: Backend, result: GateResult, timeout: float | None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        result: GateResult,
+        timeout: float | None,
+        deadline: float | None = None,
+    ) -> None:
         self.backend, self.result, self.timeout = backend, result, timeout
+        self.deadline = deadline
         self.task = ""
 
     def _count(self, seconds: float, prompt: int, completion: int) -> None:
@@ -269,9 +210,17 @@ class _Meter:
         c["completion_tokens"] += completion
 
     def call(self, msgs: list[dict[str, str]], schema: dict[str, Any]) -> dict[str, Any] | None:
+        timeout = self.timeout
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left < 1.0:
+                self.result.skipped += 1
+                self.result.errors.append(f"{self.task}: not asked, the gate's time ran out")
+                return None
+            timeout = left if timeout is None else min(timeout, left)
         start = time.monotonic()
         try:
-            res = self.backend.chat_json(msgs, schema, seed=42, timeout=self.timeout)
+            res = self.backend.chat_json(msgs, schema, seed=42, timeout=timeout)
         except BackendError as exc:
             self._count(time.monotonic() - start, exc.prompt_tokens, exc.completion_tokens)
             self.result.errors.append(str(exc)[:200])
@@ -288,22 +237,14 @@ def _cluster_lines(clusters: list[Cluster]) -> list[str]:
     return out
 
 
-def _route(meter: _Meter, scene: Scene) -> tuple[float, float]:
+# each task's items: (the model's outcome, the lexical organizer's) on one item
+Hits = list[tuple[bool, bool]]
+
+
+def _route(meter: _Meter, scene: Scene) -> Hits:
     keys = [f"R{i}" for i in range(1, len(scene.probes) + 1)]
     targets = [f"C{i}" for i in range(1, len(scene.clusters) + 1)] + [NEW]
-    schema = {
-        "type": "object",
-        "properties": {
-            "routes": {
-                "type": "object",
-                "properties": {k: {"enum": targets} for k in keys},
-                "required": keys,
-                "additionalProperties": False,
-            }
-        },
-        "required": ["routes"],
-        "additionalProperties": False,
-    }
+    schema = closed_object({"routes": closed_object({k: one_of(targets) for k in keys})})
     lines = ["Clusters:", *_cluster_lines(scene.clusters), "New memories:"]
     lines += [f"{k}: {text}" for k, (text, _t) in zip(keys, scene.probes)]
     msgs = [
@@ -313,18 +254,15 @@ def _route(meter: _Meter, scene: Scene) -> tuple[float, float]:
     names = {f"C{i}": c.name for i, c in enumerate(scene.clusters, 1)} | {NEW: NEW}
     data = meter.call(msgs, schema)
     routes = data.get("routes", {}) if data else {}
-    model = sum(names.get(routes.get(k, ""), "") == t for k, (_x, t) in zip(keys, scene.probes))
-    lexical = sum(lexical_route(x, scene.clusters) == t for x, t in scene.probes)
-    n = len(scene.probes)
-    return model / n, lexical / n
+    return [
+        (names.get(routes.get(k, ""), "") == t, lexical_route(x, scene.clusters) == t)
+        for k, (x, t) in zip(keys, scene.probes)
+    ]
 
 
 @dataclass
 class _PlanScores:
-    model_f1: float = 0.0
-    lexical_f1: float = 0.0
-    model_names: float = 0.0
-    lexical_names: float = 0.0
+    pairs: list[tuple[tuple[bool, bool], tuple[bool, bool]]] = field(default_factory=list)
     sound: bool = False
     copies: list[str] = field(default_factory=list)
 
@@ -348,72 +286,100 @@ class _State:
         return {m.id: ("unsorted", "gate", m) for m in self.unsorted["gate"] if m.id in wanted}
 
 
-def _named(assign: Mapping[str, str], names: Mapping[str, str]) -> list[tuple[str, list[str]]]:
-    members: dict[str, list[str]] = {}
-    for mid, ref in assign.items():
-        members.setdefault(ref, []).append(mid)
-    return [(names[r], ms) for r, ms in members.items() if r in names]
-
-
-def lexical_names(
-    mems: list[Memory], truth: Mapping[str, int], cfg: SessionConfig
-) -> list[tuple[str, list[str]]]:
-    """The lexical organizer's names for the reference groups, each group organized on its
-    own: the naming baseline measures names, not the grouping (organized together, the
-    scene's memories are one time episode, one cluster with one name that can match only
-    one group: the baseline was 0.00 in every scene)."""
-    named: list[tuple[str, list[str]]] = []
-    for g in sorted(set(truth.values())):
-        plan = organize([m for m in mems if truth[m.id] == g], [], cfg)
-        named += _named(plan.assign, {pc.ref: pc.name for pc in plan.clusters})
-    return named
-
-
-def _plan(meter: _Meter, scene: Scene, template: str, cfg: SessionConfig) -> _PlanScores:
+def _scene_memories(scene: Scene) -> tuple[list[Memory], dict[str, int]]:
     mems = [
         Memory.new(t, created_at=(T0 + timedelta(minutes=2 * i)).isoformat())
         for i, (t, _g) in enumerate(scene.plan)
     ]
-    truth = {m.id: g for m, (_t, g) in zip(mems, scene.plan)}
-    groups: dict[int, list[str]] = {}
-    for m, (_t, g) in zip(mems, scene.plan):
-        groups.setdefault(g, []).append(m.content)
-    out = _PlanScores()
-    lex = organize(mems, [], cfg)
-    out.lexical_f1 = pair_f1(lex.assign, truth)
-    out.lexical_names = naming_score(lexical_names(mems, truth, cfg), groups, truth)
+    return mems, {m.id: g for m, (_t, g) in zip(mems, scene.plan)}
 
+
+def _plan(meter: _Meter, scene: Scene, template: str, cfg: SessionConfig) -> _PlanScores:
+    """The session's plan call on the scene's unsorted memories: sound, no copies, and its
+    grouping's pairs against the lexical organizer's."""
+    mems, truth = _scene_memories(scene)
+    out = _PlanScores()
+    lexical = pair_outcomes(organize(mems, [], cfg).assign, truth)
+    model: dict[str, str] = {}
     max_new = min(6, max(1, math.ceil(len(mems) / 2)))
     aliases = Aliases.make([m.id for m in mems], [], max_new)
     schema = build_schema(list(aliases.memories), [], max_new)
     data = meter.call(organize_messages(template, mems, [], max_new), schema)
-    if data is None:
-        return out
-    by_alias = {a: truth[mid] for a, mid in aliases.memories.items()}
-    out.copies = copied(data, prompt_examples(template), reference=by_alias)
-    try:
-        plan = parse_plan(data, aliases)
-    except PlanError as exc:
-        meter.result.errors.append(f"{scene.name}: plan does not parse: {exc}"[:200])
-        return out
-    problems = validate_plan(plan, list(truth), _State(mems))
-    if problems:
-        meter.result.errors.append(f"{scene.name}: unsound plan: {'; '.join(problems[:3])}")
-        return out
-    out.sound = True
-    out.model_f1 = pair_f1(plan.assign, truth)
-    names = {pc.ref: pc.name for pc in plan.clusters}
-    copied_names = {n for n in names.values() if any(n.lower() in c.lower() for c in out.copies)}
-    named = [(n, ms) for n, ms in _named(plan.assign, names) if n not in copied_names]
-    total = len(_named(plan.assign, names))
-    out.model_names = naming_score(named, groups, truth) * len(named) / total if total else 0.0
+    if data is not None:
+        by_alias = {a: truth[mid] for a, mid in aliases.memories.items()}
+        out.copies = copied(data, prompt_examples(template), reference=by_alias)
+        try:
+            plan = parse_plan(data, aliases)
+        except PlanError as exc:
+            meter.result.errors.append(f"{scene.name}: plan does not parse: {exc}"[:200])
+        else:
+            problems = validate_plan(plan, list(truth), _State(mems))
+            if problems:
+                meter.result.errors.append(
+                    f"{scene.name}: unsound plan: {'; '.join(problems[:3])}"[:200]
+                )
+            else:
+                out.sound, model = True, plan.assign
+    out.pairs = list(zip(pair_outcomes(model, truth), lexical))
     return out
 
 
-def _judge(meter: _Meter, scene: Scene, template: str) -> tuple[float, float]:
-    """Balanced accuracy of the model's yes/no verdicts (and of the lexical rule's) on
-    memory-cluster pairs: each filed probe with its own cluster (yes) and with the most
-    similar other cluster (no)."""
+def _profiled(
+    scene: Scene,
+    mems: list[Memory],
+    truth: Mapping[str, int],
+    profiles: Mapping[int, Profile | None],
+) -> ClusterScores:
+    stamp = T0.isoformat()
+    clusters = {}
+    for g in sorted(scene.groups):
+        p = profiles.get(g) or Profile("", "")
+        # the profile alone: the members' terms would rank the groups whatever the names
+        members: list[Memory] = []
+        clusters[f"g{g}"] = Cluster(
+            f"g{g}", p.name, p.description, list(p.tags), stamp, stamp, members
+        )
+    return ClusterScores(clusters)
+
+
+def _first(scores: ClusterScores, query: str, g: int) -> bool:
+    return scores.rank(query, f"g{g}") == 1
+
+
+def lexical_profiles(scene: Scene, cfg: SessionConfig) -> dict[int, Profile]:
+    """The lexical organizer's profile of each reference group, organized on its own (the
+    baseline measures profiles, not grouping)."""
+    mems, truth = _scene_memories(scene)
+    out = {}
+    for g in sorted(scene.groups):
+        plan = organize([m for m in mems if truth[m.id] == g], [], cfg)
+        pc = plan.clusters[0]
+        out[g] = Profile(pc.name, pc.description, tuple(pc.tags))
+    return out
+
+
+def _name(meter: _Meter, scene: Scene, cfg: SessionConfig) -> Hits:
+    """The session's naming call (`organize.naming`) on the reference groups; each later
+    question is asked of the groups (their memories and the profile) as stage-1 cluster
+    retrieval asks: a hit when the question's group ranks first."""
+    mems, truth = _scene_memories(scene)
+    keys = {g: f"G{i}" for i, g in enumerate(sorted(scene.groups), 1)}
+    groups = [(keys[g], [m for m in mems if truth[m.id] == g]) for g in sorted(scene.groups)]
+    data = meter.call(naming_messages(groups), naming_schema(list(keys.values())))
+    got = parse_profiles(data, list(keys.values()), set())
+    model = _profiled(scene, mems, truth, {g: got.get(k) for g, k in keys.items()})
+    lexical = _profiled(scene, mems, truth, lexical_profiles(scene, cfg))
+    return [
+        (_first(model, q, g) if got.get(keys[g]) else False, _first(lexical, q, g))
+        for g, qs in sorted(scene.queries.items())
+        for q in qs
+    ]
+
+
+def _judge(meter: _Meter, scene: Scene, template: str) -> list[tuple[bool, bool, bool]]:
+    """The model's yes/no verdicts (and the lexical rule's) on memory-cluster pairs, with
+    the truth: each filed probe with its own cluster (yes) and with the most similar other
+    cluster (no)."""
     pairs: list[tuple[str, Cluster, bool]] = []
     by_name = {c.name: c for c in scene.clusters}
     for text, true in scene.probes:
@@ -423,19 +389,7 @@ def _judge(meter: _Meter, scene: Scene, template: str) -> tuple[float, float]:
         ranked = overlap_rank(text, [_profile(c) for c in others])
         pairs += [(text, by_name[true], True), (text, others[ranked[0][1]], False)]
     keys = [f"A{i}" for i in range(1, len(pairs) + 1)]
-    schema = {
-        "type": "object",
-        "properties": {
-            "verdicts": {
-                "type": "object",
-                "properties": {k: {"enum": ["yes", "no"]} for k in keys},
-                "required": keys,
-                "additionalProperties": False,
-            }
-        },
-        "required": ["verdicts"],
-        "additionalProperties": False,
-    }
+    schema = closed_object({"verdicts": closed_object({k: one_of(["yes", "no"]) for k in keys})})
     lines = []
     for k, (text, c, _ok) in zip(keys, pairs):
         held = " ".join(f'"{m.content}"' for m in c.memories[:2])
@@ -451,31 +405,25 @@ def _judge(meter: _Meter, scene: Scene, template: str) -> tuple[float, float]:
     ]
     data = meter.call(msgs, schema)
     verdicts = data.get("verdicts", {}) if data else {}
-    model = _balanced([(verdicts.get(k) == "yes", ok) for k, (_t, _c, ok) in zip(keys, pairs)])
-    lexical = _balanced(
-        [
-            (
-                overlap_rank(t, [_profile(x) for x in scene.clusters])[0][1]
-                == scene.clusters.index(c),
-                ok,
-            )
-            for t, c, ok in pairs
-        ]
-    )
-    return model, lexical
+    profiles = [_profile(x) for x in scene.clusters]
+    return [
+        (
+            verdicts.get(k) == "yes",
+            overlap_rank(t, profiles)[0][1] == scene.clusters.index(c),
+            ok,
+        )
+        for k, (t, c, ok) in zip(keys, pairs)
+    ]
 
 
-def _balanced(said_truth: list[tuple[bool, bool]]) -> float:
-    pos = [s for s, t in said_truth if t]
-    neg = [not s for s, t in said_truth if not t]
-    if not pos or not neg:
-        return 0.5
-    return (sum(pos) / len(pos) + sum(neg) / len(neg)) / 2
+@dataclass
+class _Items:
+    """Every scene's items, per task."""
 
-
-def _mean(xs: Iterable[float]) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else 0.0
+    route: Hits = field(default_factory=list)
+    plans: list[_PlanScores] = field(default_factory=list)
+    name: Hits = field(default_factory=list)
+    judge: list[tuple[bool, bool, bool]] = field(default_factory=list)
 
 
 def measure(
@@ -485,8 +433,10 @@ def measure(
     scenes: int | None = None,
     timeout: float | None = None,
     cfg: SessionConfig | None = None,
+    total_seconds: float | None = None,
 ) -> GateResult:
-    """Run the gate's tasks on `backend` (one call per task and scene) and decide."""
+    """Run the gate's tasks on `backend` (one call per task and scene, none after
+    `total_seconds`) and decide."""
     start = time.monotonic()
     organize_t = load_prompt(prompts_dir, "organize.md")
     validate_t = load_prompt(prompts_dir, "validate.md")
@@ -497,51 +447,80 @@ def measure(
         backend.model,
         cache_key(backend, set_hash, organize_t + validate_t, len(picked)),
         datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        identity=model_identity(backend),
     )
-    meter = _Meter(backend, result, timeout)
-    routes, plans, judges = [], [], []
+    deadline = start + total_seconds if total_seconds else None
+    meter = _Meter(backend, result, timeout, deadline)
+    cfg = cfg or SessionConfig()
+    items = _Items()
     for scene in picked:
         meter.task = "route"
-        routes.append(_route(meter, scene))
-        meter.task = "organize"  # the plan call: its names are scored as well
-        plans.append(_plan(meter, scene, organize_t, cfg or SessionConfig()))
+        items.route += _route(meter, scene)
+        meter.task = "organize"
+        items.plans.append(_plan(meter, scene, organize_t, cfg))
+        meter.task = "name"
+        items.name += _name(meter, scene, cfg)
         meter.task = "judge"
-        judges.append(_judge(meter, scene, validate_t))
-    for p in plans:
+        items.judge += _judge(meter, scene, validate_t)
+    for p in items.plans:
         result.copies += p.copies
-    _decide(result, routes, plans, judges, margin)
-    result.seconds = time.monotonic() - start
+    _decide(result, items, margin)
+    result.seconds = round(time.monotonic() - start, 1)
     return result
 
 
-def _decide(
-    result: GateResult,
-    routes: list[tuple[float, float]],
-    plans: list[_PlanScores],
-    judges: list[tuple[float, float]],
-    margin: float,
-) -> None:
-    def beat(task: str, model: float, lexical: float, need: float, extra: str = "") -> None:
-        ok = model >= need and not extra
-        why = extra or (
-            f"{model:.2f} >= {need:.2f} needed" if ok else f"{model:.2f} < {need:.2f} needed"
-        )
-        result.tasks[task] = TaskScore(round(model, 3), round(lexical, 3), ok, why)
+def _score(
+    task: str,
+    items: Sequence[Any],
+    stat: Callable[[Sequence[Any]], float],
+    need: Callable[[float], float],
+    paired: bool = True,
+) -> TaskScore:
+    """The task's scores and intervals; allowed when the lower bound of the gain over the
+    lexical organizer (`paired`) or of the model's score reaches what it needs."""
 
-    rm, rl = _mean(r[0] for r in routes), _mean(r[1] for r in routes)
-    beat("route", rm, rl, rl + margin)
-    om, ol = _mean(p.model_f1 for p in plans), _mean(p.lexical_f1 for p in plans)
-    unsound = sum(not p.sound for p in plans)
-    extra = ""
+    def model(xs: Sequence[Any]) -> float:
+        return stat([x[0] for x in xs])
+
+    def lexical(xs: Sequence[Any]) -> float:
+        return stat([x[1] for x in xs])
+
+    m, lx = model(items), lexical(items)
+    interval, gain = bootstrap(items, model, lexical)
+    bound = gain.low if paired else interval.low
+    what = "gain" if paired else "score"
+    need_v = need(lx)
+    ok = bool(items) and bound >= need_v
+    sign = ">=" if ok else "<"
+    why = f"{what} lower bound {bound:.2f} {sign} {need_v:.2f} needed"
+    return TaskScore(
+        round(m, 3),
+        round(lx, 3),
+        ok,
+        why,
+        len(items),
+        (interval.low, interval.high),
+        (gain.low, gain.high),
+    )
+
+
+def _decide(result: GateResult, items: _Items, margin: float) -> None:
+    result.tasks["route"] = _score("route", items.route, accuracy, lambda _lx: margin)
+    pairs = [(m, lx) for p in items.plans for m, lx in p.pairs]
+    organize_score = _score("organize", pairs, pair_f1_of, lambda _lx: margin)
+    unsound = sum(not p.sound for p in items.plans)
     if result.copies:
-        extra = f"copies the prompt's examples ({len(result.copies)} times)"
+        organize_score.allowed = False
+        organize_score.why = f"copies the prompt's examples ({len(result.copies)} times)"
     elif unsound:
-        extra = f"{unsound} of {len(plans)} plans unsound"
-    beat("organize", om, ol, ol + margin, extra)
-    nm, nl = _mean(p.model_names for p in plans), _mean(p.lexical_names for p in plans)
-    beat("name", nm, nl, min(1.0, nl + margin))
-    jm, jl = _mean(j[0] for j in judges), _mean(j[1] for j in judges)
-    beat("judge", jm, jl, JUDGE_MIN_AUC)
+        organize_score.allowed = False
+        organize_score.why = f"{unsound} of {len(items.plans)} plans unsound"
+    result.tasks["organize"] = organize_score
+    result.tasks["name"] = _score("name", items.name, accuracy, lambda _lx: margin)
+    judged = [((said, truth), (lex, truth)) for said, lex, truth in items.judge]
+    result.tasks["judge"] = _score(
+        "judge", judged, balanced, lambda _lx: JUDGE_MIN_AUC, paired=False
+    )
 
 
 # -- the cache ---------------------------------------------------------------------------
@@ -550,7 +529,7 @@ def _decide(
 def cache_key(backend: Backend, set_hash: str, prompts: str, scenes: int) -> str:
     who = f"{backend.name}\0{backend.model}\0{getattr(backend, 'host', '') or ''}"
     text = f"{who}\0{set_hash}\0{hashlib.sha256(prompts.encode()).hexdigest()}\0{scenes}"
-    text += f"\0{SCORING}"
+    text += f"\0{SCORING}\0{PROMPT_HASH}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -560,15 +539,23 @@ def cache_file(cache_dir: Path, backend: Backend) -> Path:
     return Path(cache_dir) / f"{backend.name}-{digest}.json"
 
 
-def cached(cache_dir: Path, backend: Backend, prompts_dir: Path | None) -> GateResult | None:
-    """The stored result for this backend and model, if it was measured with the same gate
-    set and prompts (editing a prompt means measuring again)."""
-    path = cache_file(cache_dir, backend)
+def _user_file(backend: Backend) -> Path:
+    digest = hashlib.sha256(model_identity(backend).encode()).hexdigest()[:16]
+    return user_gate_dir() / f"{backend.name}-{digest}.json"
+
+
+def _read(path: Path, key: str) -> GateResult | None:
     try:
         res = GateResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return res if res.key == current_key(backend, prompts_dir) else None
+    return res if res.key == key else None
+
+
+def cached(cache_dir: Path, backend: Backend, prompts_dir: Path | None) -> GateResult | None:
+    """The stored result for this backend and model, if it was measured with the same gate
+    set and prompts (editing a prompt means measuring again)."""
+    return _read(cache_file(cache_dir, backend), current_key(backend, prompts_dir))
 
 
 def current_key(backend: Backend, prompts_dir: Path | None) -> str:
@@ -580,10 +567,7 @@ def current_key(backend: Backend, prompts_dir: Path | None) -> str:
 
 def store_result(cache_dir: Path, backend: Backend, result: GateResult) -> Path:
     path = cache_file(cache_dir, backend)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_json(path, result.to_dict())
     return path
 
 
@@ -594,20 +578,34 @@ def gate_for(
     prompts_dir: Path | None,
     force: bool = False,
 ) -> GateResult:
-    """The cached verdict for `backend`, measuring it first when there is none (or `force`)."""
+    """The cached verdict for `backend`: the store's, else the user's (measured for the same
+    model file by another store: copied into this one), else measured now and kept in both
+    (or measured again when `force`)."""
+    key = current_key(backend, prompts_dir)
     if not force:
-        hit = cached(cache_dir, backend, prompts_dir)
+        hit = _read(cache_file(cache_dir, backend), key)
         if hit is not None:
             return hit
+        shared = _read(_user_file(backend), key)
+        if shared is not None:
+            store_result(cache_dir, backend, shared)
+            log.info(
+                "competence gate: %s %s measured before (user cache)", backend.name, backend.model
+            )
+            return shared
     log.info("competence gate: measuring %s %s", backend.name, backend.model)
+    gate = config.backend.gate
     res = measure(
         backend,
         prompts_dir,
-        config.backend.gate.margin,
-        timeout=config.backend.gate.timeout,
+        gate.margin,
+        timeout=gate.timeout,
         cfg=config.session,
+        total_seconds=gate.total_seconds,
     )
     store_result(cache_dir, backend, res)
+    if not res.skipped:  # a measurement cut short is the store's, not every store's
+        write_json(_user_file(backend), res.to_dict())
     log.info("competence gate: %s", " | ".join(res.lines()))
     return res
 
@@ -655,6 +653,7 @@ def backend_verdict(
                 scenes,
                 config.backend.gate.timeout,
                 config.session,
+                config.backend.gate.total_seconds,
             )
             store_result(paths.runtime / "gate", backend, res)
         else:

@@ -13,6 +13,7 @@ failed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from clagd.config import SessionConfig
 from clagd.errors import BackendError
-from clagd.model import Memory
+from clagd.model import Cluster, Memory
 from clagd.organize.chunks import Chunk, combine, make_chunks
 from clagd.organize.examples import prompt_examples
 from clagd.organize.lexical import organize
+from clagd.organize.naming import NamingRun, name_groups
 from clagd.organize.plan import Plan, PlanError
 from clagd.organize.plan_parse import parse_plan
 from clagd.organize.plan_schema import Aliases, build_schema
@@ -54,6 +56,9 @@ class Meter(Protocol):
     calls: int
     prompt_tokens: int
     completion_tokens: int
+    named: int  # clusters a model wrote the profile of
+    naming_seconds: float
+    reasons: list[str]
 
 
 # runs on the writer with the live state: the plan and the ids of the memories it covers,
@@ -110,6 +115,8 @@ def organizer_for(
     if backend is None or isinstance(backend, NoneBackend):
         return LexicalOrganizer(cfg)
     if gate is not None and not gate.may_organize():
+        if gate.allows("name"):
+            return NamingOrganizer(backend, cfg)
         return LexicalOrganizer(cfg)
     judge = gate is None or gate.allows("judge")
     return ModelOrganizer(backend, cfg, prompts_dir, judge=judge)
@@ -119,10 +126,10 @@ def gate_note(backend: Backend | None, gate: GateResult | None) -> list[str]:
     """What a session says when the gate kept a model from organizing ([] otherwise)."""
     if backend is None or gate is None or gate.may_organize():
         return []
-    return [
-        f"competence gate: {backend.name} {backend.model} may not organize "
-        f"({gate.refused()}): lexical organizer"
-    ]
+    who = f"competence gate: {backend.name} {backend.model} may not organize ({gate.refused()})"
+    if gate.allows("name"):
+        return [f"{who}: lexical grouping, the model names the clusters"]
+    return [f"{who}: lexical organizer"]
 
 
 def _present(state: StoreState, sampled: list[str]) -> list[Memory]:
@@ -162,6 +169,79 @@ class LexicalOrganizer:
 
     def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
         return None
+
+
+class NamingOrganizer:
+    """The lexical organizer's grouping, the model's names: allowed to `name` but not to
+    `organize`, the model writes the profiles (name, one-sentence description, tags) of the
+    clusters the plan creates or changes (`organize.naming`: batched calls, a timeout per
+    call and a deadline for all; a cluster not named in time or named badly keeps its
+    lexical profile). The plan is made from the snapshot, off the writer, and validated on
+    it like a model's; its grouping is the lexical one, so nothing is judged."""
+
+    attempts = 1
+
+    def __init__(self, backend: Backend, cfg: SessionConfig) -> None:
+        self.backend, self.cfg = backend, cfg
+        # a named plan the writer refuses (a name taken meanwhile): the lexical one
+        self.fallback: Organizer | None = LexicalOrganizer(cfg)
+
+    def tag(self, attempt: int, seed: int) -> Tag:
+        return Tag(f"lexical, {self.backend.name} names", {"naming": "model"}, "naming ")
+
+    def propose(self, snap: Snapshot, seed: int, meter: Meter) -> Proposal:
+        sample, cfg = snap.sample, self.cfg
+        plan = organize(sample, list(snap.clusters.values()), cfg)
+        groups = named_groups(plan, sample, snap.clusters)
+        asked = {ref for ref, _m in groups}
+        taken = {c.name.casefold() for cid, c in snap.clusters.items() if cid not in asked}
+        taken |= {pc.name.casefold() for pc in plan.clusters if pc.ref not in asked}
+        deadline = time.monotonic() + cfg.naming_seconds
+        run = name_groups(self.backend, groups, taken, cfg.naming_timeout, deadline, seed)
+        meter.calls += run.calls
+        meter.prompt_tokens += run.prompt_tokens
+        meter.completion_tokens += run.completion_tokens
+        meter.named += len(run.profiles)
+        meter.naming_seconds += run.seconds
+        meter.reasons.append(run.note(self.backend))
+        meter.reasons.extend(f"naming: {e}" for e in run.errors[:2])
+        _use_profiles(plan, run)
+        return Proposal(lambda _state: (plan, [m.id for m in sample]))
+
+    def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
+        return None
+
+
+def _use_profiles(plan: Plan, run: NamingRun) -> None:
+    """The model's profiles into the plan; a name another cluster of the plan still has
+    (the lexical name of one the model did not name) is not used."""
+    lexical = {pc.ref: pc.name.casefold() for pc in plan.clusters if pc.ref not in run.profiles}
+    for pc in plan.clusters:
+        got = run.profiles.get(pc.ref)
+        if got is not None and got.name.casefold() not in lexical.values():
+            pc.name, pc.description, pc.tags = got.name, got.description, list(got.tags)
+
+
+def named_groups(
+    plan: Plan, sample: list[Memory], clusters: dict[str, Cluster]
+) -> list[tuple[str, list[Memory]]]:
+    """The plan's clusters to name, each with the memories it will hold: every new one and
+    every existing one the plan adds memories to (a pinned cluster keeps its name)."""
+    by_id = {m.id: m for m in sample}
+    into: dict[str, list[Memory]] = {}
+    for mid, ref in plan.assign.items():
+        if mid in by_id:
+            into.setdefault(ref, []).append(by_id[mid])
+    out: list[tuple[str, list[Memory]]] = []
+    for pc in plan.clusters:
+        old = clusters.get(pc.ref)
+        if old is not None and old.pinned:
+            continue
+        held = [m for m in (old.memories if old else []) if m.id not in by_id]
+        added = into.get(pc.ref, [])
+        if added or pc.merge_from:
+            out.append((pc.ref, held + added))
+    return out
 
 
 def ask(

@@ -92,6 +92,12 @@ class SessionOutcome:
     attempts: int = 0  # plans asked of a model
     calls: int = 0
     error_rate: float | None = None
+    named: int = 0  # clusters whose profile a model wrote (allowed to name, not organize)
+    naming_seconds: float = 0.0
+
+    @property
+    def seconds_per_name(self) -> float:
+        return self.naming_seconds / self.named if self.named else 0.0
 
     @property
     def asked_model(self) -> bool:

@@ -18,7 +18,7 @@ from junk import JUNK
 from clagd.cli import main
 from clagd.config import Config, OllamaConfig
 from clagd.engine.core import Engine
-from clagd.organize import gate
+from clagd.organize import gate, gate_cache
 from clagd.organize.examples import copied, prompt_examples
 from clagd.organize.gate import GateResult, TaskScore, cache_file, cache_key, gate_for, measure
 from clagd.organize.prompts import load_prompt
@@ -50,11 +50,29 @@ def _backend(fake: FakeOllama) -> OllamaBackend:
 
 
 def test_the_lexical_naming_baseline_reaches_the_score(fake: FakeOllama) -> None:
-    """The lexical organizer's names for the reference groups find their group: organized
-    together, a scene's memories were one lexical cluster with one name, and the naming
-    baseline was 0.00 in both scenes whatever the names were."""
+    """The lexical organizer's profiles of the reference groups (each organized on its own)
+    are scored on the later questions, as the model's are: organized together, a scene's
+    memories were one lexical cluster with one name, and the baseline was 0.00."""
     res = measure(_backend(fake), None)
-    assert res.tasks["name"].lexical == 1.0
+    name = res.tasks["name"]
+    assert name.items == 36 and 0.2 < name.lexical < 1.0
+    assert name.model == 0.0 and not name.allowed  # the fake's "{}" names nothing
+
+
+def test_the_gate_set_is_large_enough_and_every_score_has_an_interval(fake: FakeOllama) -> None:
+    scenes, _h = gate.load_gate_set()
+    probes = [p for s in scenes for p in s.probes]
+    judged = [p for p in probes if p[1] != gate.NEW]
+    assert len(scenes) >= 4 and len(probes) >= 40 and 2 * len(judged) >= 40
+    fake.default = Competent()
+    res = measure(_backend(fake), None)
+    for task, t in res.tasks.items():
+        assert t.items > 0 and t.interval[0] <= t.model <= t.interval[1], (task, t)
+        assert t.gain[0] <= t.model - t.lexical <= t.gain[1] or task == "judge", (task, t)
+    assert res.tasks["route"].items == len(probes) and res.tasks["judge"].items == 2 * len(judged)
+    # the decision is on the lower bound: a score above the need with a wide interval fails
+    r = res.tasks["route"]
+    assert r.allowed == (r.gain[0] >= 0.05), r
 
 
 def test_the_lexical_router_is_the_index_bm25() -> None:
@@ -107,7 +125,7 @@ def test_competent_model_passes_and_the_verdict_is_cached(store: Path, fake: Fak
     res = gate_for(_backend(fake), cfg, cache, store / "prompts")
     assert res.may_organize() and all(res.allows(t) for t in ("route", "judge")), res.lines()
     assert res.tasks["organize"].model == 1.0 and res.tasks["organize"].lexical < 0.9
-    assert res.calls == 6 and res.prompt_tokens > 0 and not res.copies
+    assert res.calls == 16 and res.prompt_tokens > 0 and not res.copies
     assert cache_file(cache, _backend(fake)).is_file()
     calls = len(fake.chats)
     assert gate_for(_backend(fake), cfg, cache, store / "prompts").key == res.key
@@ -115,7 +133,40 @@ def test_competent_model_passes_and_the_verdict_is_cached(store: Path, fake: Fak
     with open(store / "prompts" / "organize.md", "a") as f:  # an edited prompt: measure again
         f.write("\nKeep names short.\n")
     gate_for(_backend(fake), cfg, cache, store / "prompts")
-    assert len(fake.chats) == calls + 6
+    assert len(fake.chats) == calls + 16
+
+
+def test_a_second_store_takes_the_verdict_from_the_user_cache(
+    tmp_path: Path, fake: FakeOllama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    fake.default = Competent()
+    first, second = make_store(tmp_path / "one"), make_store(tmp_path / "two")
+    res = gate_for(_backend(fake), Config(), first / ".clagd" / "gate", first / "prompts")
+    shared = list((tmp_path / "xdg" / "clagd" / "gate").glob("ollama-*.json"))
+    assert len(shared) == 1 and json.loads(shared[0].read_text())["key"] == res.key
+    calls = len(fake.chats)
+    again = gate_for(_backend(fake), Config(), second / ".clagd" / "gate", second / "prompts")
+    assert len(fake.chats) == calls and again.key == res.key  # not paid again
+    assert cache_file(second / ".clagd" / "gate", _backend(fake)).is_file()  # and in the store
+    # a model file is known by its sha256: a copy elsewhere is the same model
+    gguf = tmp_path / "a.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(100))
+    copy = tmp_path / "elsewhere" / "a.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(gguf.read_bytes())
+    assert gate_cache.file_sha256(gguf) == gate_cache.file_sha256(copy)
+
+
+def test_the_gate_total_time_is_bounded(store: Path, fake: FakeOllama) -> None:
+    fake.default = lambda req: {"content": Competent()(req)["content"], "delay": 0.6}
+    cfg = Config()
+    cfg.backend.gate.total_seconds = 2.5
+    res = gate_for(_backend(fake), cfg, store / ".clagd" / "gate", store / "prompts")
+    assert res.skipped > 0 and res.calls + res.skipped == 16 and res.seconds < 6
+    assert any("time ran out" in e for e in res.errors)
+    assert "not made in time" in res.lines()[0]
+    assert not any(gate_cache.user_gate_dir().glob("*.json"))  # cut short: not shared
 
 
 @pytest.mark.parametrize("kind", sorted(JUNK) + ["halves_and_yes"])

@@ -1,0 +1,171 @@
+"""Cluster profiles written by a model: names, one-sentence descriptions and tags.
+
+When the competence gate allows a model to `name` but not to `organize`, a session takes
+the lexical organizer's grouping and asks the model only for the profiles (CLAG's cluster
+profiles, which stage-1 cluster retrieval matches) of the clusters the plan creates or
+changes. The calls are batched (`BATCH` clusters per call, one closed schema that names
+each `G<i>`), each bounded by a timeout, all of them by a deadline; whatever the model did
+not name in time, or named badly (a name outside 2-5 words, one already taken), keeps the
+lexical organizer's profile. The gate's `name` task measures exactly this call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from clagd.errors import BackendError
+from clagd.model import Memory
+from clagd.organize.plan import (
+    DESCRIPTION_MAX_CHARS,
+    MAX_TAGS,
+    NAME_MAX_CHARS,
+    NAME_PATTERN,
+    TAG_MAX_CHARS,
+)
+from clagd.organize.plan_checks import name_problem
+from clagd.organize.prompts import Messages, clip
+from clagd.slm.base import Backend
+from clagd.slm.schema import Schema, array, closed_object, string
+
+BATCH = 4  # clusters per naming call
+SHOWN = 6  # memories shown per cluster (the most recent)
+SHOWN_CHARS = 160
+NAMING_PROMPT = (
+    "You write short profiles for groups of memories of an AI assistant. A profile is what "
+    "a later search matches, so it says what the memories are about and what they will be "
+    "used for, in plain words a user would type.\n"
+    "For every group give: a name of 2 to 5 words (specific: people, places, things; not "
+    '"user notes"), a one-sentence description, and up to 5 one-word tags.\n'
+    'Answer with JSON only: {"groups": {"G1": {"name": "two to five words", '
+    '"description": "One sentence.", "tags": ["word"]}, ...}} with one entry per group.'
+)
+# part of the gate's cache key: a verdict measured with another naming prompt is measured again
+PROMPT_HASH = hashlib.sha256(NAMING_PROMPT.encode()).hexdigest()[:12]
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    tags: tuple[str, ...] = ()
+
+
+@dataclass
+class NamingRun:
+    """What the naming calls gave: a profile per group key, and what they cost."""
+
+    profiles: dict[str, Profile] = field(default_factory=dict)
+    asked: int = 0  # groups sent to the model
+    calls: int = 0
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def per_cluster(self) -> float:
+        return self.seconds / self.asked if self.asked else 0.0
+
+    def note(self, backend: Backend) -> str:
+        return (
+            f"{backend.name} {backend.model} named {len(self.profiles)} of {self.asked} "
+            f"clusters in {self.calls} calls, {self.seconds:.1f} s "
+            f"({self.per_cluster:.1f} s per cluster)"
+        )
+
+
+def naming_schema(keys: Sequence[str]) -> Schema:
+    profile = closed_object(
+        {
+            "name": string(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS),
+            "description": string(max_length=DESCRIPTION_MAX_CHARS),
+            "tags": array(string(min_length=1, max_length=TAG_MAX_CHARS), MAX_TAGS),
+        }
+    )
+    return closed_object({"groups": closed_object({k: profile for k in keys})})
+
+
+def naming_messages(groups: Sequence[tuple[str, Sequence[Memory]]]) -> Messages:
+    lines = []
+    for key, mems in groups:
+        recent = sorted(mems, key=lambda m: m.created_at)[-SHOWN:]
+        lines.append(f"{key} ({len(mems)} memories):")
+        lines += [f"- {clip(m.content, SHOWN_CHARS)}" for m in recent]
+    user = "\n".join(lines) + "\nAnswer:"
+    return [{"role": "system", "content": NAMING_PROMPT}, {"role": "user", "content": user}]
+
+
+def _profile(raw: object, taken: set[str]) -> Profile | None:
+    """A model's profile if it is usable: a 2-5 word name nobody else has."""
+    if not isinstance(raw, dict):
+        return None
+    name = _SPACE.sub(" ", str(raw.get("name", ""))).strip()
+    if name_problem(name) or name.casefold() in taken:
+        return None
+    desc = _SPACE.sub(" ", str(raw.get("description", ""))).strip()[:DESCRIPTION_MAX_CHARS]
+    tags = raw.get("tags") if isinstance(raw.get("tags"), list) else []
+    clean = [str(t).strip()[:TAG_MAX_CHARS] for t in tags or [] if str(t).strip()]
+    return Profile(name, desc, tuple(dict.fromkeys(clean))[:MAX_TAGS])
+
+
+def parse_profiles(data: object, keys: Sequence[str], taken: set[str]) -> dict[str, Profile]:
+    """The usable profiles of a naming answer, by key; `taken` (casefolded names) grows by
+    the names used."""
+    answered = data.get("groups") if isinstance(data, dict) else None
+    out: dict[str, Profile] = {}
+    for k in keys:
+        got = _profile((answered or {}).get(k) if isinstance(answered, dict) else None, taken)
+        if got is not None:
+            out[k] = got
+            taken.add(got.name.casefold())
+    return out
+
+
+def name_groups(
+    backend: Backend,
+    groups: Sequence[tuple[str, Sequence[Memory]]],
+    taken: set[str] | None = None,
+    timeout: float | None = None,
+    deadline: float | None = None,
+    seed: int = 42,
+    batch: int = BATCH,
+) -> NamingRun:
+    """Profiles for `groups` ((key, memories) each), `batch` groups per call. `taken`:
+    casefolded names other clusters keep (a model's name equal to one is not used).
+    `deadline` (time.monotonic()) stops asking; the groups left keep no model profile."""
+    run = NamingRun()
+    used = set(taken or ())
+    start = time.monotonic()
+    for i in range(0, len(groups), max(1, batch)):
+        if deadline is not None and time.monotonic() >= deadline:
+            run.errors.append(f"naming deadline reached; {len(groups) - i} groups not asked")
+            break
+        part = groups[i : i + batch]
+        keys = [f"G{j}" for j in range(1, len(part) + 1)]
+        left = None if deadline is None else max(1.0, deadline - time.monotonic())
+        call_timeout = (
+            min(x for x in (timeout, left) if x is not None) if (timeout or left) else None
+        )
+        msgs = naming_messages([(k, mems) for k, (_key, mems) in zip(keys, part)])
+        run.asked += len(part)
+        run.calls += 1
+        try:
+            res = backend.chat_json(msgs, naming_schema(keys), seed=seed, timeout=call_timeout)
+        except BackendError as exc:
+            run.prompt_tokens += exc.prompt_tokens
+            run.completion_tokens += exc.completion_tokens
+            run.errors.append(str(exc)[:200])
+            continue
+        run.prompt_tokens += res.prompt_tokens
+        run.completion_tokens += res.completion_tokens
+        got = parse_profiles(res.data, keys, used)
+        for k, (key, _mems) in zip(keys, part):
+            if k in got:
+                run.profiles[key] = got[k]
+    run.seconds = time.monotonic() - start
+    return run

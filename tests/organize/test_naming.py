@@ -1,0 +1,151 @@
+"""A model allowed to `name` but not to `organize`: sessions keep the lexical organizer's
+grouping and the model writes the profiles of the clusters the session creates or changes,
+in batched, time-bounded calls, with the real `ollama` client against the scripted loopback
+server, a real store and the real writer."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_ollama import FakeOllama
+from helpers import git, head_contents
+
+from clagd.engine.core import Engine
+from clagd.organize.gate import GateResult, TaskScore
+from clagd.organize.lexical import organize
+from clagd.organize.naming import BATCH
+from clagd.organize.organizers import NamingOrganizer, organizer_for
+from clagd.organize.session import run_session
+from clagd.slm.ollama import OllamaBackend
+
+# six topics a day apart: the lexical organizer makes six clusters
+TOPICS = [
+    ("User is always cold in the evening", "User asked where the heating switch is"),
+    ("Anna is the user's sister", "Anna lives in Lyon with two cats"),
+    ("User likes green tea in the afternoon", "User drinks black coffee in the morning"),
+    ("The quarterly report is due on 30 April", "Tom reviews the quarterly report"),
+    ("User runs 5 km on Tuesdays", "User signed up for a half marathon"),
+    ("The car needs new tyres", "The mechanic quoted 300 euros for the brakes"),
+]
+
+
+def verdict(**allowed: bool) -> GateResult:
+    res = GateResult("ollama", "qwen2.5:1.5b-instruct", "k", "2026-12-02T00:00:00Z")
+    for task in ("route", "organize", "name", "judge"):
+        ok = allowed.get(task, False)
+        res.tasks[task] = TaskScore(0.5, 0.4, ok, "set by the test")
+    return res
+
+
+def profiles(req: dict[str, Any]) -> dict[str, Any]:
+    """A naming answer: each group named after its first memory's distinctive word."""
+    user = req["messages"][-1]["content"]
+    out, key = {}, ""
+    for line in user.splitlines():
+        head = re.match(r"^(G\d+) \(", line)
+        if head:
+            key = head.group(1)
+        elif line.startswith("- ") and key and key not in out:
+            word = max(re.findall(r"[A-Za-z]+", line[2:]), key=len)
+            out[key] = {
+                "name": f"model named {word}",
+                "description": f"Everything about {word}.",
+                "tags": [word.casefold(), "model"],
+            }
+    return {"content": {"groups": out}}
+
+
+@pytest.fixture
+def eng(store: Path, fake: FakeOllama) -> Iterator[Engine]:
+    e = Engine(store)
+    e.config.backend.kind = "ollama"
+    e.config.backend.ollama.host = fake.url
+    e.config.backend.ollama.timeout = 5.0
+    items = [
+        {"content": t, "created_at": f"2025-03-{day + 1:02d}T10:0{j}:00Z"}
+        for day, pair in enumerate(TOPICS)
+        for j, t in enumerate(pair)
+    ]
+    e.add(items)
+    yield e
+    e.close()
+
+
+def run(eng: Engine, gate: GateResult) -> Any:
+    backend = OllamaBackend(eng.config.backend.ollama)
+    return run_session(eng.writer.submit, backend, eng.config, eng.paths.prompts, gate=gate)
+
+
+def test_the_permissions_pick_the_organizer(eng: Engine, fake: FakeOllama) -> None:
+    backend = OllamaBackend(eng.config.backend.ollama)
+    cfg = eng.config.session
+    assert isinstance(organizer_for(backend, cfg, None, verdict(name=True)), NamingOrganizer)
+    assert organizer_for(backend, cfg, None, verdict(organize=True)).backend.name == "none"
+    both = organizer_for(backend, cfg, None, verdict(organize=True, name=True))
+    assert type(both).__name__ == "ModelOrganizer"
+
+
+def test_lexical_grouping_model_names(eng: Engine, fake: FakeOllama) -> None:
+    fake.default = profiles
+    before = sorted(head_contents(eng.root))
+    mems = [m for ms in eng.state.unsorted.values() for m in ms]
+    lexical = organize(mems, [], eng.config.session)
+    out = run(eng, verdict(name=True))
+    assert out.status == "accepted", out.reasons
+    assert sorted(head_contents(eng.root)) == before  # nothing lost
+    clusters = list(eng.state.clusters.values())
+    # the lexical organizer's grouping, exactly
+    groups = {frozenset(m.content for m in c.memories) for c in clusters}
+    by_ref: dict[str, set[str]] = {}
+    contents = {m.id: m.content for m in mems}
+    for mid, ref in lexical.assign.items():
+        by_ref.setdefault(ref, set()).add(contents[mid])
+    assert groups == {frozenset(v) for v in by_ref.values()} and len(groups) == len(TOPICS)
+    # the model's profiles, in batched calls (no plan call: the model does not group)
+    assert all(c.name.startswith("model named ") for c in clusters), [c.name for c in clusters]
+    assert all(c.description.startswith("Everything about") and "model" in c.tags for c in clusters)
+    asked = fake.chats
+    assert len(asked) == -(-len(TOPICS) // BATCH) and all(
+        "groups" in r["format"]["properties"] for r in asked
+    )
+    assert out.named == len(TOPICS) and out.naming_seconds > 0 and out.calls == len(asked)
+    note = next(r for r in out.reasons if "named" in r)
+    assert f"named {len(TOPICS)} of {len(TOPICS)} clusters in {len(asked)} calls" in note
+    assert "s per cluster" in note
+    body = git(eng.root, "log", "-1", "--format=%B")
+    assert "Clagd-Naming: model" in body and "lexical, ollama names" in body
+
+
+def test_a_slow_or_bad_namer_leaves_the_lexical_names(eng: Engine, fake: FakeOllama) -> None:
+    eng.config.session.naming_timeout = 1.0
+    mems = [m for ms in eng.state.unsorted.values() for m in ms]
+    lexical = {pc.name for pc in organize(mems, [], eng.config.session).clusters}
+
+    def slow_then_bad(req: dict[str, Any]) -> dict[str, Any]:
+        if len(fake.chats) == 1:
+            return {**profiles(req), "delay": 3.0}  # past the timeout
+        answer = profiles(req)
+        for p in answer["content"]["groups"].values():
+            p["name"] = "x"  # one word: not a name
+        return answer
+
+    fake.default = slow_then_bad
+    out = run(eng, verdict(name=True))
+    assert out.status == "accepted", out.reasons
+    assert {c.name for c in eng.state.clusters.values()} == lexical
+    assert out.named == 0 and any("naming:" in r for r in out.reasons)
+
+
+def test_the_naming_deadline_stops_asking(eng: Engine, fake: FakeOllama) -> None:
+    eng.config.session.naming_seconds = 0.5
+    fake.default = lambda req: {**profiles(req), "delay": 0.8}
+    out = run(eng, verdict(name=True))
+    assert out.status == "accepted", out.reasons
+    assert len(fake.chats) == 1  # the second batch was not asked
+    assert any("deadline" in r for r in out.reasons)
+    named = [c for c in eng.state.clusters.values() if c.name.startswith("model named")]
+    assert len(named) == BATCH and out.named == BATCH  # the first batch, in time
