@@ -139,6 +139,7 @@ class MemoryRecord:
     cluster_id: str | None
     cluster_name: str
     archived: bool = False
+    scope: str = DEFAULT_SCOPE
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MemoryRecord:
@@ -150,6 +151,7 @@ class MemoryRecord:
             cluster_id=d.get("cluster_id"),
             cluster_name=str(d.get("cluster_name") or ""),
             archived=bool(d.get("archived", False)),
+            scope=str(d.get("scope") or DEFAULT_SCOPE),
         )
 
 
@@ -498,16 +500,21 @@ class Client:
         self,
         messages: Iterable[Mapping[str, Any]],
         metadata: Mapping[str, Any] | None = None,
+        scope: str | None = None,
     ) -> dict[str, Any]:
         """Store a conversation as mem0's `add(messages)` takes it,
         `[{"role": "user", "content": ..., "created_at": ...}, ...]`: one memory per user
         turn (and per assistant turn when the store sets `ingest.assistant_turns`), each with
         `role` and `speaker` metadata (the message's `speaker` or `name`, else its role);
         `metadata` is every turn's. System and tool turns are not stored (`skipped` counts
-        the turns left out). All messages are checked first; one bad message refuses all."""
+        the turns left out). All messages are checked first; one bad message refuses all.
+        `scope`: whose conversation it is (else the client's scope, else the default)."""
         params: dict[str, Any] = {"messages": [dict(m) for m in messages]}
         if metadata:
             params["metadata"] = dict(metadata)
+        chosen = self._scope(scope)
+        if chosen is not None:
+            params["scope"] = chosen
         return self.request("add", params)
 
     def query(
@@ -537,10 +544,18 @@ class Client:
             params["where"] = dict(where)  # checked by the daemon, which names what is wrong
         return QueryResult.from_dict(_object(self.request("query", params), "query"))
 
-    def get(self, memory_id: str) -> MemoryRecord:
-        """One memory by id (hot or archived); `ClientError` code `not_found` when the store
-        does not hold it."""
-        return _parse(MemoryRecord, self.call("get", memory_id=memory_id), "get")
+    def get(
+        self, memory_id: str, scope: str | None = None, scopes: Iterable[str] = ()
+    ) -> MemoryRecord:
+        """One memory by id (hot or archived) of `scope` (else the client's, else the
+        default) or the `scopes` named besides; `ClientError` code `not_found` when the
+        store holds no such memory there."""
+        params = {
+            "memory_id": memory_id,
+            "scope": self._scope(scope),
+            "scopes": list(scopes) or None,
+        }
+        return _parse(MemoryRecord, self.call("get", **params), "get")
 
     def list_memories(
         self,
@@ -548,12 +563,20 @@ class Client:
         since: str | None = None,
         limit: int = DEFAULT_LIST_LIMIT,
         include_archive: bool = False,
+        scope: str | None = None,
+        scopes: Iterable[str] = (),
     ) -> MemoryList:
-        """The newest memories (at most `limit`) whose metadata has each `where` value,
+        """The newest memories (at most `limit`) of `scope` (else the client's, else the
+        default) and the `scopes` named besides, whose metadata has each `where` value,
         made at or after `since` (an ISO 8601 time, or an age: 30m, 2h, 7d, 4w)."""
-        params = {"where": dict(where) if where else None, "since": since, "limit": limit}
-        if include_archive:
-            params["include_archive"] = True
+        params = {
+            "where": dict(where) if where else None,
+            "since": since,
+            "limit": limit,
+            "include_archive": include_archive or None,
+            "scope": self._scope(scope),
+            "scopes": list(scopes) or None,
+        }
         return _parse(MemoryList, self.call("list", **params), "list")
 
     def clusters(self, include_archive: bool = False) -> dict[str, Any]:

@@ -406,9 +406,6 @@ class QueryParams:
     @classmethod
     def from_request(cls, params: Mapping[str, Any]) -> QueryParams:
         """From a request's parameters (unknown keys are ignored), checked."""
-        extra = params.get("scopes") or ()
-        if not isinstance(extra, (list, tuple)):
-            raise errors.BadRequest("'scopes' must be a list of scope names")
         return cls(
             text=params.get("text", ""),  # any type: check() says what is wrong
             max_memories=params.get("max_memories"),
@@ -416,7 +413,7 @@ class QueryParams:
             include_archive=bool(params.get("include_archive", False)),
             where=check_where(params.get("where")),
             scope=params.get("scope"),
-            scopes=tuple(extra),
+            scopes=extra_scopes(params),
         ).check()
 
     def visible(self) -> frozenset[str]:
@@ -462,6 +459,20 @@ class QueryParams:
 # --------------------------------------------------------------------------- list
 
 
+def extra_scopes(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """A request's `scopes` (more scopes it sees besides its `scope`), unchecked names."""
+    extra = params.get("scopes") or ()
+    if not isinstance(extra, (list, tuple)):
+        raise errors.BadRequest("'scopes' must be a list of scope names")
+    return tuple(extra)
+
+
+def request_scopes(params: Mapping[str, Any]) -> frozenset[str]:
+    """The scopes a request sees: its `scope` (the default when left out) and `scopes`,
+    checked (`errors.BadScope` names a bad one)."""
+    return frozenset((scope_or_default(params.get("scope")), *check_scopes(extra_scopes(params))))
+
+
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 10_000
 _AGE_RE = re.compile(r"^\s*(\d{1,9})\s*([smhdw])\s*$")
@@ -492,6 +503,8 @@ class ListParams:
     since: str | None = None  # an ISO 8601 time or an age (`since_epoch`)
     limit: int = DEFAULT_LIST_LIMIT
     include_archive: bool = False
+    scope: str | None = None  # None: the default scope
+    scopes: tuple[str, ...] = ()  # more scopes listed, named explicitly
 
     @classmethod
     def from_request(cls, params: Mapping[str, Any]) -> ListParams:
@@ -501,7 +514,13 @@ class ListParams:
             since=params.get("since"),
             limit=params.get("limit", DEFAULT_LIST_LIMIT),
             include_archive=bool(params.get("include_archive", False)),
+            scope=params.get("scope"),
+            scopes=extra_scopes(params),
         ).check()
+
+    def visible(self) -> frozenset[str]:
+        """The scopes listed: the scope and the ones named besides."""
+        return frozenset((scope_or_default(self.scope), *check_scopes(self.scopes)))
 
     def check(self) -> ListParams:
         """Raise BadRequest naming the first bad parameter."""
@@ -512,6 +531,7 @@ class ListParams:
         n = self.limit
         if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_LIST_LIMIT:
             raise errors.BadRequest(f"'limit' must be an integer from 1 to {MAX_LIST_LIMIT}")
+        self.visible()
         return self
 
     def to_request(self) -> dict[str, Any]:
@@ -523,4 +543,8 @@ class ListParams:
             out["since"] = self.since
         if self.include_archive:
             out["include_archive"] = True
+        if self.scope is not None:
+            out["scope"] = self.scope
+        if self.scopes:
+            out["scopes"] = list(self.scopes)
         return out

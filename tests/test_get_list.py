@@ -11,6 +11,7 @@ from helpers import InProcessDaemon
 
 from clagd.cli import main
 from clagd.client import Client, ClientError, MemoryList, MemoryRecord
+from clagd.errors import ClagdError
 
 
 def _fill(c: Client) -> None:
@@ -127,3 +128,34 @@ def test_cli_bad_input_names_what_was_typed(daemon: InProcessDaemon) -> None:
     assert "m-00000000000000ff" in unknown.output and "no memory" in unknown.output
     typo = _cli(daemon, "get", "m-123")
     assert typo.exit_code == 1 and "'m-123' is not a memory id" in typo.output
+
+
+def test_get_and_list_see_only_their_scopes(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        alice = c.add("Alice is allergic to peanuts", metadata={"user": "alice"}, scope="alice")
+        c.add("Bob is allergic to shellfish", metadata={"user": "alice"}, scope="bob")
+        c.add_messages([{"role": "user", "content": "I live in Berlin"}], scope="alice")
+        (mid,) = alice["ids"]
+        assert c.get(mid, scope="alice").scope == "alice"
+        for scope in ("bob", None):  # another scope's id is not found, as one never stored
+            with pytest.raises(ClientError) as other:
+                c.get(mid, scope=scope)
+            assert other.value.code == "not_found" and mid in other.value.message
+        assert c.get(mid, scope="bob", scopes=["alice"]).content == "Alice is allergic to peanuts"
+        mine = c.list_memories(scope="alice")
+        assert {m.content for m in mine.memories} == {
+            "Alice is allergic to peanuts",
+            "I live in Berlin",
+        }
+        assert {m.scope for m in mine.memories} == {"alice"}
+        # a metadata route across scopes finds nothing: the filter works inside the scope
+        assert c.list_memories(where={"user": "alice"}, scope="bob").memories[0].scope == "bob"
+        assert c.list_memories().total == 0  # the default scope holds nothing
+        both = c.query("allergic", scope="bob", where={"user": "alice"})
+        assert [m.content for m in both.memories] == ["Bob is allergic to shellfish"]
+        with pytest.raises(ClagdError) as bad:  # refused by the client before it is sent
+            c.list_memories(scope="Not A Scope")
+        assert bad.value.code == "bad_scope" and "'Not A Scope'" in str(bad.value)
+        with pytest.raises(ClientError) as bad_extra:  # refused by the daemon
+            c.list_memories(scopes=["Nope!"])
+        assert bad_extra.value.code == "bad_scope" and "'Nope!'" in bad_extra.value.message

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,7 +51,7 @@ from clagd.ingest.turns import stored_roles, turn_items
 from clagd.model import Memory, iso_utc
 from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.index import Index
-from clagd.scopes import check_scope
+from clagd.scopes import DEFAULT_SCOPE, check_scope
 from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
@@ -523,9 +524,10 @@ class Engine:
             self._threshold("rounds")
         return Rounds(self.rounds_since_session)
 
-    def get(self, mid: object) -> MemoryRecord:
-        """One memory by id, hot or archived (`engine.lookup`); NotFound names the id."""
-        return lookup.get_memory(self.index, self.archive_index(), mid)
+    def get(self, mid: object, scopes: Collection[str] = (DEFAULT_SCOPE,)) -> MemoryRecord:
+        """One memory of `scopes` by id, hot or archived (`engine.lookup`); NotFound names
+        the id."""
+        return lookup.get_memory(self.index, self.archive_index(), mid, scopes)
 
     def list_memories(self, params: ListParams) -> MemoryList:
         """The newest memories a filter lets through (`engine.lookup`)."""

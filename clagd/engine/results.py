@@ -99,6 +99,7 @@ class MemoryRecord:
     cluster_id: str | None
     cluster_name: str
     archived: bool
+    scope: str
 
     @classmethod
     def of(cls, hit: Hit, archived: bool) -> MemoryRecord:
@@ -111,6 +112,7 @@ class MemoryRecord:
             hit.cluster_id,
             hit.cluster_name,
             archived,
+            m.scope,
         )
 
 

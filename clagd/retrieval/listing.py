@@ -3,12 +3,14 @@ filter and a time let through, newest first (the `get` and `list` ops)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from clagd.protocol import Where
 from clagd.retrieval.results import UNSORTED_NAME, Hit
+from clagd.retrieval.scoping import masks
 from clagd.retrieval.searching import where_mask
 from clagd.retrieval.timeline import id_keys
 
@@ -16,18 +18,30 @@ if TYPE_CHECKING:
     from clagd.retrieval.snapshot import Index
 
 
-def find(ix: Index, mid: str) -> Hit | None:
-    """The memory `mid` where this snapshot files it (score 0), or None."""
+def find(ix: Index, mid: str, scopes: Collection[str] | None = None) -> Hit | None:
+    """The memory `mid` where this snapshot files it (score 0), or None; with `scopes`,
+    None too when it belongs to none of them (another scope's memory is not there)."""
     slot = ix.memories.slot_of.get(mid)
-    return None if slot is None else _hit(ix, slot)
+    if slot is None or (scopes is not None and ix.memories.mems[slot].scope not in scopes):
+        return None
+    return _hit(ix, slot)
 
 
-def newest(ix: Index, where: Where, since: float | None, limit: int) -> tuple[list[Hit], int]:
-    """The `limit` newest memories (by created_at, then id; unknown times last) whose
-    metadata holds every pair of `where` and, with `since` (epoch seconds), made at or
-    after it; and how many memories match in all."""
+def newest(
+    ix: Index,
+    where: Where,
+    since: float | None,
+    limit: int,
+    scopes: Collection[str] | None = None,
+) -> tuple[list[Hit], int]:
+    """The `limit` newest memories (by created_at, then id; unknown times last) of
+    `scopes` (None: all) whose metadata holds every pair of `where` and, with `since`
+    (epoch seconds), made at or after it; and how many memories match in all."""
     m = ix.memories
     keep = m.alive.copy()
+    vis = masks(ix, scopes)
+    if vis is not None:
+        keep &= vis[0][: len(keep)]
     if where:
         keep &= where_mask(ix, where)[: len(keep)]
     if since is not None:

@@ -266,16 +266,21 @@ class Index:
             self, text, max_memories, token_budget, archive, now, clusters, where, scopes
         )
 
-    def find(self, mid: str) -> Hit | None:
-        """Memory `mid` where this snapshot files it (score 0), or None (`retrieval.listing`)."""
-        return listing.find(self, mid)
+    def find(self, mid: str, scopes: Collection[str] | None = None) -> Hit | None:
+        """Memory `mid` where this snapshot files it (score 0), or None, also when it is of
+        none of `scopes` (None: any scope; `retrieval.listing`)."""
+        return listing.find(self, mid, scopes)
 
     def newest(
-        self, where: Where = (), since: float | None = None, limit: int = 100
+        self,
+        where: Where = (),
+        since: float | None = None,
+        limit: int = 100,
+        scopes: Collection[str] | None = None,
     ) -> tuple[list[Hit], int]:
-        """The `limit` newest memories that `where` and `since` (epoch seconds) let
-        through, and how many do in all (`retrieval.listing`)."""
-        return listing.newest(self, where, since, limit)
+        """The `limit` newest memories of `scopes` (None: all) that `where` and `since`
+        (epoch seconds) let through, and how many do in all (`retrieval.listing`)."""
+        return listing.newest(self, where, since, limit, scopes)
 
     def cluster_candidates(
         self, text: str, n: int, scopes: Collection[str] | None = None

@@ -29,6 +29,7 @@ from clagd.protocol import (
     ok_reply,
     peer_uid,
     prepare_socket_dir,
+    request_scopes,
 )
 
 log = logging.getLogger("clagd.server")
@@ -352,7 +353,7 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     d.op("status", lambda p: engine.status())
     d.op("add", lambda p: _add(engine, p))
     d.op("query", lambda p: engine.run_query(QueryParams.from_request(p)))
-    d.op("get", lambda p: engine.get(p.get("memory_id")))
+    d.op("get", lambda p: engine.get(p.get("memory_id"), request_scopes(p)))
     d.op("list", lambda p: engine.list_memories(ListParams.from_request(p)))
     d.op(
         "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
