@@ -220,6 +220,20 @@ class QueryResult:
 # --------------------------------------------------------------------------- client
 
 
+@dataclass(frozen=True)
+class UpdateResult:
+    """`update`: the new memory's id, the id of the one it supersedes, the commit."""
+
+    id: str
+    supersedes: str
+    cluster_id: str | None
+    commit: str | None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> UpdateResult:
+        return cls(str(d["id"]), str(d["supersedes"]), d.get("cluster_id"), d.get("commit"))
+
+
 class Client:
     """A connection to one clagd daemon.
 
@@ -517,6 +531,31 @@ class Client:
             params["scope"] = chosen
         return self.request("add", params)
 
+    def update(
+        self,
+        memory_id: str,
+        content: str,
+        metadata: Mapping[str, Any] | None = None,
+        created_at: str | None = None,
+        scope: str | None = None,
+    ) -> UpdateResult:
+        """Store `content` as a new memory that supersedes `memory_id` (which stays in the
+        store, marked superseded, left out of queries unless `superseded=True`). `scope`:
+        the old memory's (else the client's, else the default); another scope's memory is
+        `not_found`."""
+        params: dict[str, Any] = {"memory_id": memory_id, "content": content}
+        chosen = self._scope(scope)
+        if chosen is not None:
+            params["scope"] = chosen
+        if metadata:
+            params["metadata"] = dict(metadata)
+        if created_at:
+            params["created_at"] = created_at
+        result = self.request("update", params)
+        if not isinstance(result, dict) or "id" not in result:
+            raise ProtocolError(f"update result is not an object: {str(result)[:200]}")
+        return UpdateResult.from_dict(result)
+
     def query(
         self,
         text: str,
@@ -526,12 +565,14 @@ class Client:
         where: Mapping[str, Any] | None = None,
         scope: str | None = None,
         scopes: Iterable[str] = (),
+        superseded: bool = False,
     ) -> QueryResult:
         """The memories relevant to `text`. `where`: only memories whose metadata has each
         of these scalar values (exact match, ANDed), applied before the cut to
         `max_memories` and the budget. `scope`: the scope searched (else the client's,
         else the default), with the `scopes` named besides; no other scope's memory is
-        ever returned."""
+        ever returned. `superseded`: memories another supersedes (`update`) are searched
+        too."""
         params = QueryParams(
             text,
             max_memories,
@@ -539,6 +580,7 @@ class Client:
             include_archive,
             scope=self._scope(scope),
             scopes=tuple(scopes),
+            superseded=superseded,
         ).to_request()
         if where:
             params["where"] = dict(where)  # checked by the daemon, which names what is wrong

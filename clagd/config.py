@@ -165,6 +165,9 @@ class IngestConfig:
     route_delay_seconds: float = 0.2
     # conversation input (`ingest.turns`): store the assistant's turns too, not only the user's
     assistant_turns: bool = False
+    # a new memory restating an older one of its scope with changed values (a number, a
+    # name, a place, a date) supersedes it (`clagd/ingest/supersede.py`)
+    auto_supersede: bool = False
 
 
 @dataclass

@@ -120,6 +120,9 @@ Since = Annotated[
 ListLimit = Annotated[
     int, Field(ge=1, le=MAX_LIST_LIMIT, description="how many memories at most, newest first")
 ]
+IncludeSuperseded = Annotated[
+    bool, Field(description="also memories replaced by a newer one (update), ranked lower")
+]
 LogEntries = Annotated[
     int, Field(ge=1, le=MAX_LOG_ENTRIES, description="how many changes, newest first")
 ]
@@ -215,6 +218,11 @@ class _Tools:
         )
         _tool(
             server,
+            self.update_tool(),
+            _annotations("Update", readOnlyHint=False, destructiveHint=False, idempotentHint=False),
+        )
+        _tool(
+            server,
             self.recall_tool(),
             _annotations("Recall", readOnlyHint=True, destructiveHint=False),
         )
@@ -250,6 +258,20 @@ class _Tools:
 
         return remember
 
+    def update_tool(self) -> Callable[..., Any]:
+        async def update(
+            memory_id: MemoryId,
+            content: Content,
+            metadata: Metadata = None,
+        ) -> dict[str, Any]:
+            """Replace a fact that changed: store `content` as a new memory superseding
+            memory `memory_id` (from recall). The old memory is kept in history, marked
+            superseded, and no longer recalled unless asked for."""
+            res = await self.forward(lambda: self.client.update(memory_id, content, metadata))
+            return {"id": res.id, "supersedes": res.supersedes, "commit": res.commit}
+
+        return update
+
     def recall_tool(self) -> Callable[..., Any]:
         async def recall(
             query: QueryText,
@@ -257,19 +279,26 @@ class _Tools:
             token_budget: TokenBudget = None,
             include_archive: IncludeArchive = False,
             where: Where = None,
+            superseded: IncludeSuperseded = False,
         ) -> Annotated[CallToolResult, RecallOutput]:
             """Find the memories relevant to `query`, grouped by topic cluster.
 
             Returns a ready-to-use context block (first text item) and the memories with their
             ids, clusters and scores (second item, JSON; also the structured content).
             `include_archive` also searches clusters moved to the archive for being unused;
-            `where` keeps only memories whose metadata has each of its values.
+            `where` keeps only memories whose metadata has each of its values;
+            `superseded` also memories a newer one replaced (`update`).
             """
             if not query.strip():
                 raise ToolError("recall: argument 'query' must be a question or topic, not blank")
             res = await self.forward(
                 lambda: self.client.query(
-                    query, max_memories, token_budget, include_archive, where=where
+                    query,
+                    max_memories,
+                    token_budget,
+                    include_archive,
+                    where=where,
+                    superseded=superseded,
                 )
             )
             return recall_result(res)

@@ -23,6 +23,12 @@ CLUSTER_ID_RE = re.compile(r"^c-[0-9a-f]{8,32}$")
 # one space in stored text, so none can start a context line or drive a terminal
 _WS_RE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# the metadata keys of a supersede link, written by clagd only (`clagd update` and the
+# supersede found at ingest): the newer memory's `supersedes` names the older one, the
+# older one's `superseded_by` the newer; a superseded memory is left out of queries
+SUPERSEDES = "supersedes"
+SUPERSEDED_BY = "superseded_by"
+LINK_KEYS = (SUPERSEDES, SUPERSEDED_BY)
 
 
 def iso_utc(when: datetime | float | None = None) -> str:
@@ -140,6 +146,12 @@ class Memory:
         if self.metadata:
             d["metadata"] = self.metadata
         return d
+
+    @property
+    def superseded_by(self) -> str | None:
+        """The id of the memory that supersedes this one, or None."""
+        v = self.metadata.get(SUPERSEDED_BY)
+        return v if isinstance(v, str) and v else None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], scope: str = DEFAULT_SCOPE) -> Memory:

@@ -402,6 +402,7 @@ class QueryParams:
     where: Where = ()  # metadata filter, applied inside retrieval (before the cut)
     scope: str | None = None  # None: the default scope
     scopes: tuple[str, ...] = ()  # more scopes the query sees, named explicitly
+    superseded: bool = False  # memories another supersedes are searched too
 
     @classmethod
     def from_request(cls, params: Mapping[str, Any]) -> QueryParams:
@@ -414,6 +415,7 @@ class QueryParams:
             where=check_where(params.get("where")),
             scope=params.get("scope"),
             scopes=extra_scopes(params),
+            superseded=bool(params.get("superseded", False)),
         ).check()
 
     def visible(self) -> frozenset[str]:
@@ -453,6 +455,8 @@ class QueryParams:
             out["scope"] = self.scope
         if self.scopes:
             out["scopes"] = list(self.scopes)
+        if self.superseded:
+            out["superseded"] = True
         return out
 
 

@@ -199,7 +199,7 @@ def _postings(ix: Index, segs: tuple[Segment, ...]) -> tuple[dict, dict]:
 
 # the arrays of a snapshot, by where they are kept
 ARRAYS = {
-    "memories": "length alive group prev nxt ts imp tok".split(),
+    "memories": "length alive group prev nxt ts imp hid tok".split(),
     "profiles": "length alive".split(),
     "memory_bm25": "dn dead".split(),
     "cluster_bm25": "dn dead".split(),

@@ -144,6 +144,7 @@ def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
     tools = out["tools"]
     assert set(tools) == {
         "remember",
+        "update",
         "recall",
         "get",
         "list",
@@ -204,7 +205,7 @@ def test_tools_explain_a_stopped_daemon(tmp_path: Path) -> None:
 
         async def body(s: ClientSession) -> Any:
             tools = await s.list_tools()  # the server itself starts without a daemon
-            assert {"remember", "recall", "get", "list"} <= {t.name for t in tools.tools}
+            assert {"remember", "update", "recall", "get", "list"} <= {t.name for t in tools.tools}
             return await s.call_tool("recall", {"query": "anything"})
 
         result = run_session(missing, tmp_path / "mcp.err", body)
@@ -253,7 +254,7 @@ def test_server_info_descriptions_and_output_schemas(tmp_path: Path) -> None:
         init, tools = run_session_info(_params(Path(short) / "x.sock"), tmp_path / "e", body)
     assert init.server_info.name == "clagd"
     assert init.server_info.version == __version__
-    assert {"remember", "recall", "get", "list"} <= {t.name for t in tools}
+    assert {"remember", "update", "recall", "get", "list"} <= {t.name for t in tools}
     for tool in tools:
         desc = tool.description or ""
         assert desc and desc == inspect.cleandoc(desc), tool.name
@@ -404,3 +405,30 @@ def test_a_clusters_resource_and_a_prompt_with_recalls_context(
     text = out["prompt"].messages[0].content.text
     assert "Ana is allergic to walnuts" in text  # recall's context, placed before the question
     assert text.index("walnuts") < text.index("Question: what is Ana allergic to?")
+
+
+def test_mcp_update_replaces_a_fact_and_recall_can_still_show_it(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    async def body(s: ClientSession) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        first = await s.call_tool("remember", {"content": "The user's gym is FitBox in Derby"})
+        old = first.structured_content["ids"][0]
+        out["old"] = old
+        out["update"] = await s.call_tool(
+            "update", {"memory_id": old, "content": "The user's gym is IronWorks in Derby"}
+        )
+        out["recall"] = await s.call_tool("recall", {"query": "which gym does the user use"})
+        out["all"] = await s.call_tool(
+            "recall", {"query": "which gym does the user use", "superseded": True}
+        )
+        out["bad"] = await s.call_tool("update", {"memory_id": old, "content": "x y z"})
+        return out
+
+    out = run_session(daemon.socket_path, tmp_path / "mcp.err", body)
+    upd = out["update"]
+    assert not upd.is_error, text_of(upd)
+    assert upd.structured_content["supersedes"] == out["old"]
+    assert "IronWorks" in text_of(out["recall"]) and "FitBox" not in text_of(out["recall"])
+    assert "FitBox" in text_of(out["all"])
+    assert out["bad"].is_error and "superseded" in text_of(out["bad"])

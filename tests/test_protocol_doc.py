@@ -126,7 +126,8 @@ def test_every_op_replies_as_the_doc_says(daemon: InProcessDaemon) -> None:
             return out
 
         call("ping")
-        call("add", content="Alice drinks green tea", metadata={"source": "chat"})
+        tea = call("add", content="Alice drinks green tea", metadata={"source": "chat"})
+        call("update", memory_id=tea["ids"][0], content="Alice drinks mint tea")
         items = [{"content": f"a note about the garden, number {i}"} for i in range(4)]
         call("add", items=items)
         chat = [
@@ -139,6 +140,7 @@ def test_every_op_replies_as_the_doc_says(daemon: InProcessDaemon) -> None:
         call("get", memory_id=found["memories"][0]["id"])
         call("list", where={"source": "chat"}, since="1h", limit=10)
         call("list", include_archive=True)
+        call("query", text="what does alice drink", superseded=True)
         call("round", n=2)
         session = call("recluster", backend="none")
         call("clusters", include_archive=True)

@@ -1,4 +1,4 @@
-"""Commands that write and read memories: add, import, query, export."""
+"""Commands that write and read memories: add, update, import, query, export."""
 
 from __future__ import annotations
 
@@ -56,6 +56,33 @@ def add(
     else:
         text = f"already stored: {', '.join(res.get('duplicate_ids', []))}"
     emit(res, as_json, text)
+
+
+@main.command()
+@click.argument("memory_id", metavar="ID")
+@click.argument("content", metavar="TEXT")
+@click.option("--meta", "-m", multiple=True, help="metadata KEY=VALUE (repeatable)")
+@click.option("--created-at", help="ISO 8601 time (default: now)")
+@json_option
+@pass_ctx
+def update(
+    c: Ctx,
+    memory_id: str,
+    content: str,
+    meta: tuple[str, ...],
+    created_at: str | None,
+    as_json: bool,
+) -> None:
+    """Store TEXT as a new memory that supersedes memory ID.
+
+    The old memory stays in the store and in git, marked superseded_by the new one, and is
+    left out of queries (`clagd query --superseded` shows it)."""
+    from clagd.protocol import to_wire
+
+    with c.client() as cl:
+        res = cl.update(memory_id, content, metadata=_metadata(meta) or None, created_at=created_at)
+    text = f"{res.id} supersedes {res.supersedes} ({(res.commit or '')[:10]})"
+    emit(to_wire(res), as_json, text)
 
 
 _HOW_TO_ADD = 'clagd add "TEXT", clagd add --file FILE, or clagd add - < FILE'
@@ -237,6 +264,7 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
     help="token budget of the context (0: none; default: the configured one)",
 )
 @click.option("--archive", "include_archive", is_flag=True, help="also search archived clusters")
+@click.option("--superseded", is_flag=True, help="also memories another supersedes (clagd update)")
 @where_option
 @json_option
 @pass_ctx
@@ -246,13 +274,22 @@ def query(
     max_memories: int | None,
     token_budget: int | None,
     include_archive: bool,
+    superseded: bool,
     where: dict[str, Any],
     as_json: bool,
 ) -> None:
     """Relevant memories for TEXT, as a context block (--where: only memories with that
-    metadata, the answer filled from them)."""
+    metadata, the answer filled from them; --superseded: also the memories a newer one
+    replaced)."""
     with c.client() as cl:
-        res = cl.query(text, max_memories, token_budget, include_archive, where=where or None)
+        res = cl.query(
+            text,
+            max_memories,
+            token_budget,
+            include_archive,
+            where=where or None,
+            superseded=superseded,
+        )
     emit(res.raw, as_json, res.context or "(no relevant memories)")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clagd.config import Config, load_config
-from clagd.engine import archive, history, lookup, summary
+from clagd.engine import archive, history, lookup, summary, updating
 from clagd.engine.hooks import EngineHooks, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideChange, OutsideEdits
@@ -43,15 +43,17 @@ from clagd.engine.results import (
 )
 from clagd.engine.routing import RouteQueue
 from clagd.engine.stats import AccessStats
+from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
 from clagd.errors import BadRequest, Conflict, Paused, StoreError
+from clagd.ingest import supersede
 from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
 from clagd.ingest.turns import stored_roles, turn_items
 from clagd.model import Memory, iso_utc
 from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.index import Index
-from clagd.scopes import DEFAULT_SCOPE, check_scope
+from clagd.scopes import DEFAULT_SCOPE, check_scope, scope_or_default
 from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
@@ -84,6 +86,7 @@ def answer(
         clusters=clusters,
         where=q.where,
         scopes=q.visible(),
+        superseded=q.superseded,
     )
     out = QueryResult(
         tuple(MemoryHit.of(h, h.cluster_id in archived_ids) for h in res.memories),
@@ -364,6 +367,7 @@ class Engine:
         self.counters["added"] += len(res.added)
         self.counters["duplicates"] += len(res.duplicates)
         self.counters["routed"] += sum(res.routed.values())
+        self.counters["superseded"] += len(res.supersedes)
         if res.added:
             self.new_since_session += len(res.added)
             if self.new_since_session >= self.config.session.memory_add_threshold:
@@ -390,6 +394,7 @@ class Engine:
             self.known,
             self.outside.blocked,
             route_limit=self.config.ingest.route_inline_max,
+            find_superseded=self._find_superseded if self.config.ingest.auto_supersede else None,
         )
         self.routes.ingested(res.shard if res.deferred else None, batch.source)
         if self.routes and self.hooks.on_route_waiting is not None:
@@ -398,6 +403,26 @@ class Engine:
             # scored now, while the pass waits for the inbox to be quiet
             self.writer.submit(self._score_op, res.shard)
         return res
+
+    def _find_superseded(self, fresh: list[Memory]) -> dict[str, Memory]:
+        return supersede.find(self.index, fresh)
+
+    # -- changing a memory: `update` ------------------------------------------------------
+    def update(self, old_id: object, raw_item: Any, scope: object = None) -> Updated:
+        """A new memory (`raw_item`: content, metadata?, created_at?) that supersedes the
+        memory `old_id` of `scope` (None: the default; `engine.updating`)."""
+        req = UpdateRequest(
+            updating.check_id(old_id),
+            validate_item(raw_item, "update"),
+            scope_or_default(scope),
+        )
+        result: Updated = self.writer.call(self._update_op, req)
+        self.counters["superseded"] += 1
+        return result
+
+    def _update_op(self, ctx: WriteContext, req: UpdateRequest) -> Updated:
+        self._outside_op(ctx)  # a hand edit not yet noticed is taken in first
+        return updating.update(ctx, req, self.known)
 
     # -- the route pass: large batches' memories into their clusters ----------------------
     def route_due(self, now: float | None = None) -> bool:

@@ -38,6 +38,7 @@ class Added:
     commit: str | None
     files: int
     route_deferred: bool
+    supersedes: Mapping[str, str]  # new memory id -> the older one it supersedes
     skipped: int = 0  # conversation turns left out by role (`ingest.assistant_turns`)
 
     @classmethod
@@ -53,6 +54,7 @@ class Added:
             res.commit,
             res.files,
             res.deferred,
+            dict(res.supersedes),
             skipped,
         )
 

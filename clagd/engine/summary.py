@@ -13,6 +13,7 @@ COUNTERS = (
     "duplicates",
     "ingest_batches",
     "ingest_failures",
+    "superseded",
     "sessions",
     "sessions_accepted",
     "sessions_rolled_back",

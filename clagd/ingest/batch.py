@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from clagd.ingest import supersede
 from clagd.ingest.inbox import Item
-from clagd.model import Memory, memory_id, new_id, normalized_id, now_iso
+from clagd.model import SUPERSEDED_BY, Memory, memory_id, new_id, normalized_id, now_iso
 from clagd.store.files import new_shard_name
 from clagd.store.writer import WriteContext
 
@@ -23,6 +24,7 @@ class IngestResult:
     files: int = 0
     shard: str | None = None  # the unsorted shard this batch created, if any
     deferred: bool = False  # too large to route in its own commit: routed by a route pass
+    supersedes: dict[str, str] = field(default_factory=dict)  # new id -> the older it hides
 
     def to_dict(self) -> dict:
         return {
@@ -36,6 +38,7 @@ class IngestResult:
             "commit": self.commit,
             "files": self.files,
             "route_deferred": self.deferred,
+            "supersedes": dict(self.supersedes),
         }
 
 
@@ -52,6 +55,7 @@ def ingest_items(
     known: set[str] | None = None,
     blocked: set[str] | None = None,
     route_limit: int | None = None,
+    find_superseded: Callable[[list[Memory]], dict[str, Memory]] | None = None,
 ) -> IngestResult:
     """Add the items that are new; return what happened. `route` is a batch router: it
     gets every new memory of the batch at once and returns a cluster id (or None: the
@@ -84,6 +88,8 @@ def ingest_items(
     if res.deferred:
         shard = fresh
     else:
+        if find_superseded is not None:
+            fresh = _supersede(ctx, fresh, find_superseded(fresh), res)
         res.routed, shard = _route_into_clusters(ctx, fresh, route, blocked, stamp)
     if shard:
         name = new_shard_name()
@@ -97,6 +103,7 @@ def ingest_items(
     body_lines = [f"- {m.id}: {m.content[:72]}" for m in fresh[:20]]
     if len(fresh) > 20:
         body_lines.append(f"- ... and {len(fresh) - 20} more")
+    body_lines += [f"- {new} supersedes {old}" for new, old in list(res.supersedes.items())[:20]]
     res.commit = ctx.commit(
         f"ingest: {len(fresh)} memor{'y' if len(fresh) == 1 else 'ies'} from {source}",
         "\n".join(body_lines),
@@ -109,11 +116,36 @@ def ingest_items(
             "routed": sum(res.routed.values()),
             "unsorted": res.unsorted,
             **({"route": "deferred"} if res.deferred else {}),
+            **({"supersedes": len(res.supersedes)} if res.supersedes else {}),
         },
     )
     if keys is known:
         keys.update(res.added)
     return res
+
+
+def _supersede(
+    ctx: WriteContext, fresh: list[Memory], found: dict[str, Memory], res: IngestResult
+) -> list[Memory]:
+    """Link each new memory to the older one it restates (when it is not older itself):
+    a stored one where it lives, or one earlier in this batch."""
+    if not found:
+        return fresh
+    out: list[Memory] = []
+    at: dict[str, int] = {}
+    for m in fresh:
+        old = found.get(m.id)
+        if old is not None and supersede.newer_first(m, old)[0] is m:
+            if old.id in at:
+                out[at[old.id]] = supersede.with_meta(out[at[old.id]], SUPERSEDED_BY, m.id)
+            elif not supersede.link(ctx, old.id, m.id):
+                old = None
+            if old is not None:
+                m = supersede.successor(m, old.id)
+                res.supersedes[m.id] = old.id
+        at[m.id] = len(out)
+        out.append(m)
+    return out
 
 
 def _route_into_clusters(

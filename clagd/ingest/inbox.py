@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clagd.errors import BadScope, InboxRejected
-from clagd.model import iso_utc, normalize_content, parse_time
+from clagd.model import LINK_KEYS, iso_utc, normalize_content, parse_time
 from clagd.protocol import user_name
 from clagd.scopes import DEFAULT_SCOPE, check_scope
 from clagd.yamlio import YamlError, loads
@@ -176,6 +176,12 @@ def validate_item(raw: Any, where: str = "item", scope: str | None = None) -> It
             meta.setdefault(str(k), _jsonable(v))
     if "importance" in meta:
         check_importance(meta["importance"], f"{where}: metadata")
+    for key in LINK_KEYS:
+        if key in meta:
+            raise InboxRejected(
+                f"{where}: '{key}' is clagd's own link between memories; to change a "
+                "memory use `clagd update ID TEXT` (socket op `update`)"
+            )
     return Item(
         content,
         _created_at(raw.get("created_at")),

@@ -40,6 +40,7 @@ from clagd.retrieval.postings import (
     inverted,
     label,
     ptr,
+    superseded,
 )
 from clagd.retrieval.snapshot import Index
 from clagd.retrieval.timeline import Timeline
@@ -71,6 +72,7 @@ class Prepared:
     sizes: np.ndarray = field(default_factory=_i64)  # members per cluster
     ts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     imp: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    hid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     tok: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     lens: np.ndarray = field(default_factory=_i64)  # terms per memory (with repeats)
     # memory postings, memory by memory: how many distinct terms, which, how often
@@ -222,6 +224,7 @@ def prepare(
     p.sizes = np.asarray(sizes, dtype=np.int64)
     p.ts = np.asarray(ts, dtype=np.float64)
     p.imp = np.asarray([importance(m) for m in p.mems], dtype=np.float32)
+    p.hid = superseded(p.mems)
     texts = [m.content for m in p.mems]
     p.tok = estimate_tokens_many(texts).astype(np.int32)
     vocab = _words(stem, stopwords)
@@ -334,6 +337,7 @@ def _memories(
         time=time,
         ts=ts,
         imp=cat("imp", np.float32),
+        hid=cat("hid", np.bool_),
         tok=cat("tok", np.int32),
         segs=(inverted(0, n, cnt, tids, tfs, n_terms),) if n else (),
         slot_of=slot_of,

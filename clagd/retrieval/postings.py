@@ -48,6 +48,11 @@ def label(c: Cluster) -> str:
     return " ".join([c.name, c.description, *c.tags])
 
 
+def superseded(mems: list[Memory]) -> np.ndarray:
+    """Whether each memory is superseded by another (`Memory.superseded_by`)."""
+    return np.asarray([m.superseded_by is not None for m in mems], dtype=bool)
+
+
 def importance(m: Memory) -> float:
     """metadata.importance on its 0-1 scale (checked when a memory arrives; a hand-edited
     value outside it is clamped), 0.5 when absent or not a number."""
@@ -379,6 +384,7 @@ class MemorySlots:
     time: Timeline
     ts: np.ndarray  # float64: created_at (NaN: unknown)
     imp: np.ndarray  # float32: `importance`
+    hid: np.ndarray  # bool: superseded (`Memory.superseded_by`), left out unless asked for
     tok: np.ndarray  # int32: estimated tokens of the content
     segs: tuple[Segment, ...]
     slot_of: IdMap  # memory id -> its live slot
@@ -390,7 +396,8 @@ class MemorySlots:
         none = np.zeros(0, dtype=bool)
         i, f = EMPTY_I, EMPTY_F
         ts = np.zeros(0, dtype=np.float64)
-        return cls(Slots(), f, none, i, i, i, Timeline(gap_seconds), ts, f, i, (), IdMap(), 0, 0.0)
+        t = Timeline(gap_seconds)
+        return cls(Slots(), f, none, i, i, i, t, ts, f, none, i, (), IdMap(), 0, 0.0)
 
 
 @dataclass(frozen=True, eq=False)

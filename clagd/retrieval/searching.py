@@ -47,6 +47,7 @@ def search(
     clusters: Sequence[str] | None = None,
     where: Where = (),
     scopes: Collection[str] | None = None,
+    superseded: bool = False,
 ) -> SearchResult:
     """`Index.search` (see there)."""
     k = ix.cfg.max_memories if max_memories is None else max_memories
@@ -55,7 +56,8 @@ def search(
         return SearchResult()
     cacheable = archive is None and now is None and not ix.cfg.use_freshness
     seen = frozenset(scopes) if scopes is not None else None
-    key = (text, k, budget, tuple(clusters) if clusters is not None else None, where, seen)
+    only = tuple(clusters) if clusters is not None else None
+    key = (text, k, budget, only, where, seen, superseded)
     if cacheable:
         hit = ix.results.get(key)
         if hit is not None:
@@ -65,11 +67,18 @@ def search(
     limit = k if budget <= 0 and archive is None else k * 3 + 8
     rarity = ix.cfg.min_term_rarity > 0
     allowed = where_mask(ix, where) if where else None
-    hits, chosen = rank(ix, q, limit, ts, clusters, rarity, allowed, seen)
+    hits, chosen = rank(ix, q, limit, ts, clusters, rarity, allowed, seen, superseded)
     if archive is not None:
         a_allowed = where_mask(archive, where) if where else None
         a_hits, a_chosen = rank(
-            archive, q, limit, ts, rarity=rarity, allowed=a_allowed, scopes=seen
+            archive,
+            q,
+            limit,
+            ts,
+            rarity=rarity,
+            allowed=a_allowed,
+            scopes=seen,
+            superseded=superseded,
         )
         hits = sorted(hits + a_hits, key=lambda r: -r[0].score)
         chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
@@ -140,13 +149,15 @@ def rank(
     rarity: bool = False,
     allowed: np.ndarray | None = None,
     scopes: Collection[str] | None = None,
+    superseded: bool = False,
 ) -> tuple[list[Ranked], list[tuple[str, str, float]]]:
     """The best `limit` memories for these query words (with the token cost of each and,
     with `rarity` (the rare-term cut is on), their query terms' weights) and the clusters
     chosen for them. `only`: the clusters the caller (SLM refinement) chose. `allowed`
     (`where_mask`): only these slots are candidates, each eligible wherever it is filed.
     `scopes`: the scopes seen (None: all); every other slot scores nothing
-    (`retrieval.scoping`)."""
+    (`retrieval.scoping`).
+    `superseded`: memories another supersedes (`clagd update`) are eligible too."""
     get = ix.vocab.get
     q = [i for i in map(get, words) if i is not None]
     if not q or ix.memories.n_alive == 0:
@@ -172,6 +183,12 @@ def rank(
     if vis is not None:
         cand = cand[vis[0][cand]]
     score = final_scores(ix, cand, s, smax, c_norm, selected, now, allowed is not None)
+    if ix.any_hidden:
+        hid = ix.memories.hid[cand]
+        if superseded:
+            score[hid] *= ix.cfg.superseded_penalty
+        else:
+            score[hid] = 0.0
     weight = ix.memory_bm25.weights(q) if rarity else None
     return top_hits(ix, cand, score, limit, weight), chosen
 

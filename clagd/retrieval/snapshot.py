@@ -35,7 +35,7 @@ class Index:
     """One immutable snapshot of the store for retrieval (see the module docstring). Its
     attributes are read by the other retrieval modules and written by none."""
 
-    FORMAT = 5  # of the pickled form (the engine's warm start)
+    FORMAT = 6  # of the pickled form (the engine's warm start)
 
     def __init__(
         self,
@@ -70,6 +70,8 @@ class Index:
         self.uslots = np.flatnonzero(self.unsorted & m.alive).astype(np.int64)
         # superseded memory slot -> successor slot (both alive)
         self.sup_old, self.sup_new = _supersedes(m, c)
+        # some memory is superseded (`clagd update`): queries leave those out unless asked
+        self.any_hidden = bool(m.hid.any())
         self.memory_bm25 = BM25(m.segs, m.alive, m.length, m.n_alive, m.total_len, self.cfg)
         self.cluster_bm25 = BM25(c.segs, c.alive, c.length, len(c.slot_of), c.total_len, self.cfg)
         self.results = ResultCache()
@@ -241,6 +243,7 @@ class Index:
         clusters: Sequence[str] | None = None,
         where: Where = (),
         scopes: Collection[str] | None = None,
+        superseded: bool = False,
     ) -> SearchResult:
         """Top memories for `text`: ranked by score, deduplicated, cut to k and the budget
         (`retrieval.searching`).
@@ -256,14 +259,25 @@ class Index:
         `token_budget` None means the configured budget; 0 or less means no budget.
         `archive` is another snapshot (the archived clusters) merged into the ranking.
         `clusters` replaces the lexical cluster choice (ids of hot clusters; unknown ids
-        are ignored): the SLM refinement passes its pick here.
+        are ignored): the SLM refinement passes its pick here. `superseded`: memories
+        another one supersedes (`Memory.superseded_by`) are searched too, ranked with
+        `superseded_penalty`; by default they are left out.
 
         Results are cached per snapshot (see `results.HOT_CACHE_SIZE`): a snapshot never
         changes, so a repeated query on it has the same answer; a new snapshot starts
         empty.
         """
         return searching.search(
-            self, text, max_memories, token_budget, archive, now, clusters, where, scopes
+            self,
+            text,
+            max_memories,
+            token_budget,
+            archive,
+            now,
+            clusters,
+            where,
+            scopes,
+            superseded,
         )
 
     def find(self, mid: str, scopes: Collection[str] | None = None) -> Hit | None:

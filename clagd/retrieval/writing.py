@@ -30,6 +30,7 @@ from clagd.retrieval.postings import (
     label,
     make_segment,
     profiles,
+    superseded,
     with_segment,
 )
 from clagd.text import estimate_tokens
@@ -220,6 +221,7 @@ class _Writer:
             time=time,
             ts=ts,
             imp=np.concatenate((m.imp, np.asarray([importance(x) for x in mems], np.float32))),
+            hid=np.concatenate((m.hid, superseded(mems))),
             tok=np.concatenate(
                 (m.tok, np.asarray([estimate_tokens(x.content) for x in mems], dtype=np.int32))
             ),

@@ -356,6 +356,10 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     d.op("get", lambda p: engine.get(p.get("memory_id"), request_scopes(p)))
     d.op("list", lambda p: engine.list_memories(ListParams.from_request(p)))
     d.op(
+        "update",
+        lambda p: engine.update(p.get("memory_id"), _update_item(p), scope=p.get("scope")),
+    )
+    d.op(
         "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
     )
     d.op("log", lambda p: engine.log(p.get("n", 20)))
@@ -391,6 +395,12 @@ def _add(engine: Engine, p: dict[str, Any]) -> object:
     if "messages" in p:
         return engine.add_messages(p["messages"], p.get("metadata"), _source(p), scope)
     return engine.add(_items(p), source=_source(p), scope=scope)
+
+
+def _update_item(p: dict[str, Any]) -> dict[str, Any]:
+    if "content" not in p:
+        raise BadRequest("'update' needs 'memory_id' and 'content' (the new text)")
+    return {k: v for k, v in p.items() if k in ("content", "metadata", "created_at")}
 
 
 def _items(p: dict[str, Any]) -> list[Any]:

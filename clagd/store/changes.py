@@ -4,6 +4,7 @@ engine), in the two phases of `clagd.change.Publisher`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,12 +39,12 @@ class StoreChange:
 
 
 def unsorted_change(
-    before: set[str], after: list[Memory], added: list[Memory], removed: list[str]
+    before: Mapping[str, Memory], after: list[Memory], added: list[Memory], removed: list[str]
 ) -> None:
-    """The memories of one shard that came (`after` not in `before`, onto `added`) and
-    went (onto `removed`, sorted)."""
-    added.extend(m for m in after if m.id not in before)
-    removed.extend(sorted(before - {m.id for m in after}))
+    """The memories of one shard (`before`: by id) that came or changed (a memory marked
+    superseded is a changed copy: onto `added`) and went (onto `removed`, sorted)."""
+    added.extend(m for m in after if before.get(m.id) != m)
+    removed.extend(sorted(before.keys() - {m.id for m in after}))
 
 
 def read_changes(
@@ -55,7 +56,7 @@ def read_changes(
     added: list[Memory] = []
     removed: list[str] = []
     for name in upd.shards:
-        before = {m.id for m in base.unsorted.get(name, [])}
+        before = {m.id: m for m in base.unsorted.get(name, [])}
         unsorted_change(before, state.unsorted.get(name, []), added, removed)
     index = IndexChange(
         upsert_clusters=tuple(c for c in upd.clusters.values() if c is not None),

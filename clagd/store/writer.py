@@ -76,7 +76,8 @@ class WriteContext:
         self.w = writer
         self._clusters: set[str] = set()
         self._archive: set[str] = set()
-        self._shards: dict[str, set[str]] = {}  # shard -> memory ids before this change
+        # shard -> its memories before this change (by id)
+        self._shards: dict[str, dict[str, Memory]] = {}
         self._blobs: dict[str, str | None] = {}  # path -> the blob written (None: removed)
 
     @property
@@ -118,7 +119,7 @@ class WriteContext:
     def touch_shard(self, name: str) -> None:
         self.paths.shard_file(name)
         if name not in self._shards:
-            self._shards[name] = {m.id for m in self.state.unsorted.get(name, [])}
+            self._shards[name] = {m.id: m for m in self.state.unsorted.get(name, [])}
 
     def commit(
         self, subject: str, body: str = "", trailers: dict[str, Any] | None = None
