@@ -395,6 +395,7 @@ class Engine:
             self.outside.blocked,
             route_limit=self.config.ingest.route_inline_max,
             find_superseded=self._find_superseded if self.config.ingest.auto_supersede else None,
+            max_size=self.config.session.max_cluster_size,
         )
         self.routes.ingested(res.shard if res.deferred else None, batch.source)
         if self.routes and self.hooks.on_route_waiting is not None:
@@ -471,7 +472,9 @@ class Engine:
             return [known[m.id] if m.id in known else fresh[m.id] for m in mems]
 
         try:
-            res = route_shards(ctx, taken, route, self.outside.blocked)
+            res = route_shards(
+                ctx, taken, route, self.outside.blocked, self.config.session.max_cluster_size
+            )
         except BaseException:
             self.counters["route_failures"] += 1
             raise

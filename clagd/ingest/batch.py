@@ -56,6 +56,7 @@ def ingest_items(
     blocked: set[str] | None = None,
     route_limit: int | None = None,
     find_superseded: Callable[[list[Memory]], dict[str, Memory]] | None = None,
+    max_size: int | None = None,
 ) -> IngestResult:
     """Add the items that are new; return what happened. `route` is a batch router: it
     gets every new memory of the batch at once and returns a cluster id (or None: the
@@ -65,7 +66,8 @@ def ingest_items(
 
     A batch of more than `route_limit` new memories is not routed here: it is committed as
     one unsorted shard (one file, whatever the batch size), and `route_shards` moves its
-    memories into their clusters later, in one commit for many batches."""
+    memories into their clusters later, in one commit for many batches. A cluster that
+    holds `max_size` memories takes no more (they stay unsorted for a session)."""
     res = IngestResult(batch=new_batch_id(), files=files)
     keys = known if known is not None else ctx.state.content_keys()
     fresh: list[Memory] = []
@@ -90,7 +92,7 @@ def ingest_items(
     else:
         if find_superseded is not None:
             fresh = _supersede(ctx, fresh, find_superseded(fresh), res)
-        res.routed, shard = _route_into_clusters(ctx, fresh, route, blocked, stamp)
+        res.routed, shard = _route_into_clusters(ctx, fresh, route, blocked, stamp, max_size)
     if shard:
         name = new_shard_name()
         while name in ctx.state.unsorted:
@@ -154,10 +156,12 @@ def _route_into_clusters(
     route: Callable[[list[Memory]], Sequence[str | None]],
     blocked: set[str] | None,
     stamp: str,
+    max_size: int | None = None,
 ) -> tuple[dict[str, int], list[Memory]]:
     """Append each memory with a strong match to that cluster (never to a `blocked` one,
-    never to a cluster of another scope). Returns how many went into each cluster, and the
-    memories that stay unsorted."""
+    never to a cluster of another scope, nor to one that holds `max_size` memories
+    already: `session.max_cluster_size` bounds what routing makes). Returns how many went
+    into each cluster, and the memories that stay unsorted."""
     targets = route(mems)
     if len(targets) != len(mems):
         raise ValueError(f"the router gave {len(targets)} answers for {len(mems)} memories")
@@ -165,7 +169,11 @@ def _route_into_clusters(
     left: list[Memory] = []
     for m, cid in zip(mems, targets):
         cluster = ctx.state.clusters.get(cid) if cid and cid not in (blocked or ()) else None
-        if cluster is None or cluster.scope != m.scope:
+        if (
+            cluster is None
+            or cluster.scope != m.scope
+            or (max_size is not None and len(cluster.memories) >= max_size)
+        ):
             left.append(m)
             continue
         ctx.touch_cluster(cluster.id)  # before the state changes: a failure puts it back
@@ -196,15 +204,17 @@ def route_shards(
     shards: list[str],
     route: Callable[[list[Memory]], Sequence[str | None]],
     blocked: set[str] | None = None,
+    max_size: int | None = None,
 ) -> RouteResult:
     """The route pass: every memory still in these unsorted shards that has a strong match
-    goes into that cluster; the rest stays where it is. One commit (kind `route`) for all."""
+    goes into that cluster (while it holds fewer than `max_size`); the rest stays where it
+    is. One commit (kind `route`) for all."""
     res = RouteResult()
     names = [n for n in dict.fromkeys(shards) if ctx.state.unsorted.get(n)]
     mems = [m for n in names for m in ctx.state.unsorted[n]]
     if not mems:
         return res
-    per_cluster, left = _route_into_clusters(ctx, mems, route, blocked, now_iso())
+    per_cluster, left = _route_into_clusters(ctx, mems, route, blocked, now_iso(), max_size)
     if not per_cluster:
         return res
     moved = {m.id for m in mems} - {m.id for m in left}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
 from clagd.config import SessionConfig
@@ -87,6 +88,57 @@ def _segment(mems: list[Memory], cfg: SessionConfig, corpus: TfIdf) -> list[list
     for ep in _episodes(mems, cfg.episode_gap_minutes * 60.0):
         pieces.extend(_split(ep, target, min_size, corpus))
     return pieces
+
+
+# clusters a session's loose memories may continue, at most (the nearest in time); with
+# the clusters of the sampled memories, what a lexical plan reads (issue 26)
+NEIGHBOURS = 40
+# each cluster's newest time, by (cluster id) -> (size, first and last member objects' ids)
+_newest: dict[str, tuple[tuple[int, int, int], float]] = {}
+
+
+def _newest_ts(c: Cluster) -> float:
+    """The newest member's time (cached while the cluster's member list is the same)."""
+    key = (len(c.memories), id(c.memories[0]), id(c.memories[-1]))
+    got = _newest.get(c.id)
+    if got is not None and got[0] == key:
+        return got[1]
+    ts = max(_ts(m) for m in c.memories)
+    _newest[c.id] = (key, ts)
+    return ts
+
+
+def neighbourhood(
+    memories: list[Memory], home: Mapping[str, str], clusters: Mapping[str, Cluster],
+    cfg: SessionConfig,
+) -> list[Cluster]:  # fmt: skip
+    """The clusters a plan for the sampled `memories` reads: those holding a sampled
+    memory (`home`: memory id -> cluster id) and the `NEIGHBOURS` whose newest memory is
+    nearest before the loose memories' times (within the episode gap: the only ones an
+    episode may continue). Not every cluster: a session at 100k memories would otherwise
+    read all of them, on the writer. A store with few clusters gives all."""
+    if len(clusters) <= NEIGHBOURS:
+        return list(clusters.values())
+    own = {cid for mid, cid in home.items() if cid in clusters}
+    loose = [_ts(m) for m in memories if m.id not in home]
+    near: list[tuple[float, str]] = []
+    if loose:
+        lo, hi = min(loose) - cfg.episode_gap_minutes * 60.0, max(loose)
+        for cid, c in clusters.items():
+            if cid in own or not c.memories:
+                continue
+            t = _newest_ts(c)
+            if lo <= t <= hi:
+                near.append((hi - t, cid))
+    picked = own | {cid for _d, cid in sorted(near)[:NEIGHBOURS]}
+    return [c for cid, c in clusters.items() if cid in picked]
+
+
+def segment(mems: list[Memory], cfg: SessionConfig) -> list[list[Memory]]:
+    """`mems` (in time order) cut as a session cuts unsorted memories: episodes by time,
+    then topic shifts, into pieces of at most `target_cluster_size` (the size policy's
+    split of an over-large cluster)."""
+    return _segment(mems, cfg, TfIdf(mems))
 
 
 class _Group:
@@ -171,15 +223,18 @@ def organize(
     clusters: list[Cluster],
     cfg: SessionConfig | None = None,
     now: str | None = None,
+    other_names: Iterable[str] = (),
 ) -> Plan:
     """A plan for the sampled `memories` (unsorted ones and members of `clusters`). Each
     scope (`clagd.scopes`) is organized on its own, with its own word statistics: no
-    cluster of the plan mixes scopes, and one user's words never name another's cluster."""
+    cluster of the plan mixes scopes, and one user's words never name another's cluster.
+    `other_names`: names of clusters it is not given, which a new name must not take."""
     cfg = cfg or SessionConfig()
     now = now or now_iso()
+    taken = {n.lower() for n in other_names}  # new names are added as they are given
     scopes = sorted({m.scope for m in memories} | {c.scope for c in clusters})
     if len(scopes) <= 1:
-        return _organize_scope(memories, clusters, cfg, 0)
+        return _organize_scope(memories, clusters, cfg, 0, taken)
     plans: list[Plan] = []
     first = 0
     for scope in scopes:
@@ -187,7 +242,7 @@ def organize(
         if not mine:
             continue
         theirs = [c for c in clusters if c.scope == scope]
-        plans.append(_organize_scope(mine, theirs, cfg, first))
+        plans.append(_organize_scope(mine, theirs, cfg, first, taken))
         first += sum(pc.ref.startswith("new:") for pc in plans[-1].clusters)
     return Plan(
         clusters=[pc for p in plans for pc in p.clusters],
@@ -198,9 +253,14 @@ def organize(
 
 
 def _organize_scope(
-    memories: list[Memory], clusters: list[Cluster], cfg: SessionConfig, first_new: int
+    memories: list[Memory],
+    clusters: list[Cluster],
+    cfg: SessionConfig,
+    first_new: int,
+    taken: set[str],
 ) -> Plan:
-    """`organize` of memories and clusters of one scope; new refs after `first_new`."""
+    """`organize` of memories and clusters of one scope; new refs after `first_new`, new
+    names not in `taken` (lower case; it gets them)."""
     sampled = {m.id: m for m in memories}
     corpus = TfIdf([*memories, *(m for c in clusters for m in c.memories)])
     grouping = _Grouping(clusters, first_new)
@@ -215,7 +275,7 @@ def _organize_scope(
     # 3. merge near-duplicates
     _merge(grouping, corpus, cfg)
     # 4. names, descriptions, tags; the plan
-    plan_clusters = _plan_clusters(grouping, sampled, corpus)
+    plan_clusters = _plan_clusters(grouping, sampled, corpus, taken)
     refs = {pc.ref for pc in plan_clusters}
     home = grouping.home
     # group by group, members in order, so applying the plan appends them in arrival order
@@ -277,12 +337,12 @@ def _split_large(
 
 
 def _plan_clusters(
-    grouping: _Grouping, sampled: dict[str, Memory], corpus: TfIdf
+    grouping: _Grouping, sampled: dict[str, Memory], corpus: TfIdf, taken: set[str]
 ) -> list[PlanCluster]:
     """The clusters the plan touches, each with a name, description and tags: an existing
-    cluster keeps its own (missing ones are filled in), a new one gets distinct ones."""
+    cluster keeps its own (missing ones are filled in), a new one gets distinct ones (from
+    each other and from `taken`, lower case)."""
     plan_clusters: list[PlanCluster] = []
-    taken: set[str] = set()
     live = [g for g in grouping.groups.values() if g.members or g.merge_from]
     for g in live:
         if g.existing is not None and g.existing.name:

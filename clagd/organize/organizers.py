@@ -24,9 +24,9 @@ from clagd.errors import BackendError
 from clagd.model import Cluster, Memory
 from clagd.organize.chunks import Chunk, combine, make_chunks
 from clagd.organize.examples import prompt_examples
-from clagd.organize.lexical import organize
+from clagd.organize.lexical import neighbourhood, organize
 from clagd.organize.naming import NamingRun, name_groups
-from clagd.organize.plan import Plan, PlanError
+from clagd.organize.plan import NEW_PREFIX, Plan, PlanError
 from clagd.organize.plan_parse import parse_plan
 from clagd.organize.plan_schema import Aliases, build_schema
 from clagd.organize.prompts import (
@@ -36,6 +36,7 @@ from clagd.organize.prompts import (
     validate_messages,
 )
 from clagd.organize.sample import Check, Snapshot
+from clagd.organize.size_policy import fingerprint
 from clagd.organize.validation import plan_junk
 from clagd.slm.base import Backend, ChatResult
 from clagd.slm.none import NoneBackend
@@ -132,19 +133,25 @@ def gate_note(backend: Backend | None, gate: GateResult | None) -> list[str]:
     return [f"{who}: lexical organizer"]
 
 
-def _present(state: StoreState, sampled: list[str]) -> list[Memory]:
-    """The sampled memories still hot (in a cluster or unsorted), as they are now."""
+def _present(state: StoreState, sampled: list[str]) -> tuple[list[Memory], dict[str, str]]:
+    """The sampled memories still hot (in a cluster or unsorted), as they are now, and the
+    cluster of each clustered one."""
     found = state.locate_many(sampled)
-    return [
+    mems = [
         found[mid][2]
         for mid in sampled
         if mid in found and found[mid][0] in ("cluster", "unsorted")
     ]
+    home = {m.id: found[m.id][1] for m in mems if found[m.id][0] == "cluster"}
+    return mems, home
 
 
 class LexicalOrganizer:
     """Plans by time episodes and topic shifts (`organize.lexical`): no model, one attempt,
-    nothing to judge. The plan is made on the writer, from the memories as they are then."""
+    nothing to judge. The plan is made off the writer from the session's snapshot, and
+    taken on the writer if nothing it read changed meanwhile; otherwise it is made again
+    there, from the memories as they are then (both read a bounded neighbourhood of
+    clusters, `lexical.neighbourhood`, not the whole store)."""
 
     attempts = 1
     fallback: Organizer | None = None
@@ -158,12 +165,17 @@ class LexicalOrganizer:
 
     def propose(self, snap: Snapshot, seed: int, meter: Meter) -> Proposal:
         sampled, cfg = snap.sampled, self.cfg
+        home = {mid: cid for mid, cid in snap.home.items() if cid is not None}
+        ahead = _lexical_plan(snap.sample, home, snap.clusters, cfg)
 
         def make(state: StoreState) -> tuple[Plan, list[str]] | None:
-            mems = _present(state, sampled)
+            if ahead.still_holds(state):
+                return ahead.plan, ahead.ids
+            mems, now_home = _present(state, sampled)
             if not mems:
                 return None
-            return organize(mems, list(state.clusters.values()), cfg), [m.id for m in mems]
+            made = _lexical_plan(mems, now_home, state.clusters, cfg)
+            return made.plan, made.ids
 
         return Proposal(make)
 
@@ -242,6 +254,45 @@ def named_groups(
         if added or pc.merge_from:
             out.append((pc.ref, held + added))
     return out
+
+
+@dataclass
+class _LexicalPlan:
+    """A lexical plan and what it read: the clusters (by fingerprint) and the sampled
+    memories' places, so the writer can tell whether it still holds."""
+
+    plan: Plan
+    ids: list[str]
+    read: dict[str, int]  # cluster id -> fingerprint when the plan was made
+    home: dict[str, str]  # sampled memory id -> its cluster then (absent: unsorted)
+
+    def still_holds(self, state: StoreState) -> bool:
+        """Every cluster it read unchanged, every sampled memory where it was, and no new
+        name taken meanwhile by a cluster it did not read."""
+        for cid, fp in self.read.items():
+            c = state.clusters.get(cid)
+            if c is None or fingerprint(c) != fp:
+                return False
+        found = state.locate_many(self.ids)
+        for mid in self.ids:
+            where = found.get(mid)
+            want = ("cluster", self.home[mid]) if mid in self.home else ("unsorted",)
+            if where is None or where[: len(want)] != want:
+                return False
+        new = {pc.name.lower() for pc in self.plan.clusters if pc.ref.startswith(NEW_PREFIX)}
+        return not any(
+            c.name.lower() in new for cid, c in state.clusters.items() if cid not in self.read
+        )
+
+
+def _lexical_plan(
+    mems: list[Memory], home: dict[str, str], clusters: dict[str, Cluster], cfg: SessionConfig
+) -> _LexicalPlan:
+    near = neighbourhood(mems, home, clusters, cfg)
+    read = {c.id: fingerprint(c) for c in near}
+    others = [c.name for cid, c in clusters.items() if cid not in read]
+    plan = organize(mems, near, cfg, other_names=others)
+    return _LexicalPlan(plan, [m.id for m in mems], read, dict(home))
 
 
 def ask(

@@ -168,10 +168,13 @@ class _Applying:
 
     def dedupe(self, pairs: list[tuple[str, str]]) -> None:
         state = self.state
+        # one pass over the store for every pair (`locate` is a pass each)
+        where = state.locate_many(mid for pair in pairs for mid in pair) if pairs else {}
         for keep_id, drop_id in pairs:
-            kw, dw = state.locate(keep_id), state.locate(drop_id)
+            kw, dw = where.get(keep_id), where.get(drop_id)
             if kw is None or dw is None or kw[0] != "cluster" or dw[0] != "cluster":
                 continue
+            where.pop(drop_id)  # folded away: a later pair cannot name it
             keep_c, drop_c = state.clusters[kw[1]], state.clusters[dw[1]]
             keep = next(m for m in keep_c.memories if m.id == keep_id)
             drop = next(m for m in drop_c.memories if m.id == drop_id)

@@ -39,8 +39,9 @@ def validate_plan(plan: Plan, sampled_ids: Iterable[str], state: StateLike) -> l
     for newer, older in plan.conflicts:
         if newer not in sampled or older not in sampled:
             problems.append(f"conflict names a memory outside the sample ({newer}, {older})")
+    found = state.locate_many(mid for pair in plan.dedupe for mid in pair) if plan.dedupe else {}
     for keep, drop in plan.dedupe:
-        if keep == drop or state.memory(keep) is None or state.memory(drop) is None:
+        if keep == drop or keep not in found or drop not in found:
             problems.append(f"cannot merge memory {drop} into {keep}")
     _check_scopes(plan, state, problems)
     return problems

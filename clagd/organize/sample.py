@@ -4,6 +4,7 @@ holding it) and, after a plan is applied, the assignments it checks."""
 from __future__ import annotations
 
 import copy
+import heapq
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,8 +43,11 @@ def choose_sample(
     clustered: list[tuple[Memory, str | None]] = [
         (m, cid) for cid, c in state.clusters.items() for m in c.memories
     ]
-    recent = sorted(clustered, key=lambda p: p[0].created_at, reverse=True)
-    hot = sorted(clustered, key=lambda p: -(access or {}).get(p[0].id, 0)) if access else []
+    # the first `size` of each order are all it can take (heapq: not a sort of the store;
+    # nlargest is stable, as the sorts it stands for)
+    recent = heapq.nlargest(size, clustered, key=lambda p: p[0].created_at)
+    counts = access or {}
+    hot = heapq.nlargest(size, clustered, key=lambda p: counts.get(p[0].id, 0)) if access else []
     for i in range(max(len(recent), len(hot))):
         for seq in (recent, hot):
             if len(picked) >= size:
@@ -54,7 +58,9 @@ def choose_sample(
 
 
 def take_snapshot(state: StoreState, size: int, access: Mapping[str, int] | None) -> Snapshot:
-    """Copies of the sample and of every hot cluster (run on the writer)."""
+    """Copies of the sample and of every hot cluster (run on the writer). A cluster's copy
+    is shallow, with its own member list: a memory is never changed in place (a change makes
+    a new object), and a deep copy of 100k memories held the writer for seconds."""
     sample = choose_sample(state, size, access)
     total = sum(len(c.memories) for c in state.clusters.values()) + sum(
         len(v) for v in state.unsorted.values()
@@ -62,9 +68,17 @@ def take_snapshot(state: StoreState, size: int, access: Mapping[str, int] | None
     return Snapshot(
         sample=[copy.deepcopy(m) for m, _ in sample],
         home={m.id: cid for m, cid in sample},
-        clusters={cid: copy.deepcopy(c) for cid, c in state.clusters.items()},
+        clusters={cid: _copy_cluster(c) for cid, c in state.clusters.items()},
         total=total,
     )
+
+
+def _copy_cluster(c: Cluster) -> Cluster:
+    out = copy.copy(c)
+    out.memories = list(c.memories)
+    out.tags = list(c.tags)
+    out.supersedes = dict(c.supersedes)
+    return out
 
 
 @dataclass

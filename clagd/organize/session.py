@@ -55,7 +55,7 @@ from clagd.organize.plan_checks import validate_plan
 from clagd.organize.plan_invariants import check_invariants
 from clagd.organize.sample import Check, Snapshot, lexical_ok, pick_checks, take_snapshot
 from clagd.organize.similarity import ClusterScores
-from clagd.organize.size_policy import size_policy
+from clagd.organize.size_policy import memo_for, size_slice
 from clagd.organize.validation import retrievability, retrievability_problem
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager
@@ -73,6 +73,10 @@ SessionStatus = Literal["accepted", "rolled_back", "fallback", "failed", "noop"]
 # how one attempt ended: its plan kept, rejected (try the next), or a revert git refused
 Verdict = Literal["kept", "rejected", "conflict"]
 FAILED_STATUSES: tuple[SessionStatus, ...] = ("fallback", "rolled_back", "failed")
+# slices of the size policy one session runs at most, and the session time after which it
+# starts no more (a 20k-memory cluster is split in 17 slices; the next session goes on)
+SIZE_SLICES = 60
+SIZE_SECONDS = 8.0
 
 
 @dataclass
@@ -344,15 +348,23 @@ def _revert_op(ctx: WriteContext, arg: RevertCommit) -> str:
         return str(new)
 
 
-def _size_policy_op(ctx: WriteContext, arg: SizePolicy) -> ApplyResult:
-    state, cfg = ctx.state, arg.cfg
-    plan = size_policy(state, cfg.max_cluster_size, cfg.merge_similarity, cfg.min_cluster_size)
-    if plan is None:
-        return ApplyResult()
+@dataclass
+class SizeResult:
+    """One slice of the size policy: what applying it did, and whether work is left."""
+
+    applied: ApplyResult
+    more: bool
+
+
+def _size_policy_op(ctx: WriteContext, arg: SizePolicy) -> SizeResult:
+    """One bounded slice of the size policy (`size_policy.size_slice`), applied at once."""
+    part = size_slice(ctx.state, arg.cfg, memo_for(str(ctx.paths.root)))
+    if part.plan is None:
+        return SizeResult(ApplyResult(), part.more)
+    plan = part.plan
     sampled = list(plan.assign)
-    return _apply_plan_op(
-        ctx, ApplyPlan(plan, sampled, 0.0, PlanCommit(arg.sid, "size policy", arg.trailers))
-    )
+    how = PlanCommit(arg.sid, "size policy", arg.trailers)
+    return SizeResult(_apply_plan_op(ctx, ApplyPlan(plan, sampled, 0.0, how)), part.more)
 
 
 def _record_op(ctx: WriteContext, arg: Record) -> str | None:
@@ -564,12 +576,18 @@ class _Session:
             out.commits.append(sha)
 
     def size_policy(self) -> None:
-        res: ApplyResult = self.submit(
-            _size_policy_op, SizePolicy(self.sid, self.trailers(policy="size"), self.cfg)
-        ).result()
-        self.out.commits += res.commits
-        if res.problems or res.invariant_problems:
-            self.out.reasons.append(f"size policy skipped: {res.rejected(2)}")
+        """Slices of the size policy, writes running between them, until nothing is left,
+        `SIZE_SLICES` ran or the session has run `SIZE_SECONDS` (the next one goes on)."""
+        arg = SizePolicy(self.sid, self.trailers(policy="size"), self.cfg)
+        for _ in range(SIZE_SLICES):
+            part: SizeResult = self.submit(_size_policy_op, arg).result()
+            res = part.applied
+            self.out.commits += res.commits
+            if res.problems or res.invariant_problems:
+                self.out.reasons.append(f"size policy skipped: {res.rejected(2)}")
+                return
+            if not part.more or time.monotonic() - self.start > SIZE_SECONDS:
+                return
 
     def finish(self, status: SessionStatus) -> SessionOutcome:
         out = self.out

@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -309,13 +310,34 @@ class WriteContext:
 
 @dataclass(frozen=True)
 class WriterStatus:
-    """The writer thread: alive, operations queued, commits made, operations failed."""
+    """The writer thread: alive, operations queued, commits made, operations failed, and
+    the longest single operation it ran (the longest a write waited behind another)."""
 
     alive: bool
     pending: int
     commits: int
     failures: int
     last_error: str
+    longest_op_ms: float
+    longest_op: str
+
+
+@dataclass
+class Holds:
+    """How long the writer thread was held by one operation: the longest since start (or
+    since `reset`), and its name. A benchmark resets it to measure one stretch of work."""
+
+    longest_ms: float = 0.0
+    longest: str = ""
+    ops: int = 0
+
+    def note(self, name: str, ms: float) -> None:
+        self.ops += 1
+        if ms > self.longest_ms:
+            self.longest_ms, self.longest = ms, name
+
+    def reset(self) -> None:
+        self.longest_ms, self.longest, self.ops = 0.0, "", 0
 
 
 class Writer(Generic[P]):
@@ -355,6 +377,7 @@ class Writer(Generic[P]):
         # a follower's writer never commits: why not (the primary's remote), "" on a primary
         self.read_only = ""
         self.moved_retries = 0  # commits retried after the branch moved under them
+        self.holds = Holds()  # the longest operation the thread ran
         git.base = git.head()  # the commit the loaded working tree is on
 
     def check_writable(self) -> None:
@@ -406,8 +429,15 @@ class Writer(Generic[P]):
 
     def status(self) -> WriterStatus:
         """The `writer` section of `status`."""
+        h = self.holds
         return WriterStatus(
-            self.alive(), self.pending(), self.commits, self.failures, self.last_error
+            self.alive(),
+            self.pending(),
+            self.commits,
+            self.failures,
+            self.last_error,
+            round(h.longest_ms, 1),
+            h.longest,
         )
 
     def history_status(self) -> HistoryStatus:
@@ -475,12 +505,16 @@ class Writer(Generic[P]):
             if not fut.set_running_or_notify_cancel():
                 continue
             ctx = WriteContext(self)
+            started = time.perf_counter()
             try:
                 if self._needs_restore:
                     # an earlier rollback failed (disk full, read-only store): the state may
                     # hold a change that is not in HEAD; nothing runs on it until restored
                     self._restore_all()
-                result = self._attempt(item, ctx)
+                try:
+                    result = self._attempt(item, ctx)
+                finally:  # before the caller hears: its next `status` shows this hold
+                    self.holds.note(item.name, (time.perf_counter() - started) * 1000)
             except Paused as exc:
                 self.branch.paused = str(exc)  # shown in status until a write goes through
                 # writes wait for the person; what this operation wrote goes back to HEAD

@@ -1,0 +1,79 @@
+"""A store shaped the way the daemon shapes one (issue 26): memories arrive in bursts (a
+conversation, a task: turns seconds apart, bursts hours apart) and the lexical organizer,
+with its own settings (`session.target_cluster_size`, the episode gap), makes the clusters.
+About 12 memories a cluster: ~8,000 clusters at 100k, where `bench_scale`'s old store has
+runs of 50 (2,000 clusters).
+
+The organizer runs in process on consecutive windows of bursts (`organize.lexical.organize`,
+the code path a session takes for unsorted memories), which keeps 100k to minutes; the
+clusters it makes are written as cluster files and committed once.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from clagd.config import SessionConfig
+from clagd.model import Cluster, Memory, new_cluster_id
+from clagd.organize.lexical import organize
+from clagd.store.files import Paths, write_cluster
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+WINDOW = 600  # memories organized together (a few sessions' worth of bursts)
+
+
+def stamp(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def bursts(texts: list[str], seed: int = 3) -> list[Memory]:
+    """The texts as memories in bursts of 5 to 60 turns 5-40 s apart, 1-20 h between
+    bursts."""
+    rnd = random.Random(seed)
+    out: list[Memory] = []
+    t = T0
+    i = 0
+    while i < len(texts):
+        n = rnd.randint(5, 60)
+        for x in texts[i : i + n]:
+            out.append(Memory.new(x, stamp(t)))
+            t += timedelta(seconds=rnd.randint(5, 40))
+        i += n
+        t += timedelta(hours=rnd.uniform(1, 20))
+    return out
+
+
+def realistic_clusters(texts: list[str], cfg: SessionConfig | None = None) -> list[Cluster]:
+    """The clusters the lexical organizer makes of these texts arriving in bursts."""
+    cfg = cfg or SessionConfig()
+    mems = bursts(texts)
+    out: list[Cluster] = []
+    names: set[str] = set()  # distinct across windows, as sessions keep them
+    for w in range(0, len(mems), WINDOW):
+        chunk = mems[w : w + WINDOW]
+        by_id = {m.id: m for m in chunk}
+        plan = organize(chunk, [], cfg, now=chunk[-1].created_at, other_names=names)
+        members: dict[str, list[Memory]] = {}
+        for mid, ref in plan.assign.items():
+            members.setdefault(ref, []).append(by_id[mid])
+        for pc in plan.clusters:
+            ms = members.get(pc.ref)
+            if ms:
+                names.add(pc.name)
+                at = ms[-1].created_at
+                out.append(
+                    Cluster(new_cluster_id(), pc.name, pc.description, list(pc.tags), at, at, ms)
+                )
+    return out
+
+
+def write_realistic(store: Path, texts: list[str]) -> int:
+    """Write the realistic clusters of `texts` into `store`'s cluster files (not committed);
+    returns how many."""
+    paths = Paths(store)
+    clusters = realistic_clusters(texts)
+    for c in clusters:
+        write_cluster(paths, c)
+    return len(clusters)

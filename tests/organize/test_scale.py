@@ -1,0 +1,207 @@
+"""Organizing at scale (issue 26): the size policy is near-linear and works in bounded
+slices, routing and sessions keep clusters at or below `session.max_cluster_size`, and a
+hand-committed over-large cluster is split by the next session while writes go on."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clagd.config import SessionConfig
+from clagd.engine.core import Engine
+from clagd.model import Cluster, Memory
+from clagd.organize.plan_apply import apply_plan
+from clagd.organize.plan_checks import validate_plan
+from clagd.organize.plan_invariants import check_invariants
+from clagd.organize.similarity import jaccard, terms
+from clagd.organize.size_policy import (
+    NEAR_IDENTICAL,
+    SPLIT_SLICE,
+    SizeMemo,
+    size_policy,
+    size_slice,
+)
+from clagd.store.files import Paths, StoreState, write_cluster
+from tests.helpers import git, head_contents, make_store
+
+WORDS = (
+    "garden tomato engine piano violin harbour glacier pepper canyon lantern orbit saddle "
+    "meadow copper falcon walnut ember quartz bamboo tundra velvet marble cobalt thistle"
+).split()
+T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+
+
+def at(minutes: float) -> str:
+    return (T0 + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+def vocabulary(n: int, seed: int = 0) -> list[str]:
+    rnd = random.Random(seed)
+    out: set[str] = set()
+    while len(out) < n:
+        out.add("".join(rnd.sample(SYLLABLES, 3)))
+    return sorted(out)
+
+
+VOCAB = vocabulary(3000)
+
+
+def texts(n: int, seed: int = 1, burst: int = 20) -> list[str]:
+    """Bursts of `burst` texts on one topic (40 words of their own) each."""
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % burst == 0:
+            topic = rnd.sample(VOCAB, 40)
+        out.append(f"note {i}: " + " ".join(rnd.sample(topic, 7)))
+    return out
+
+
+def big_cluster(n: int, cid: str = "c-0000b16c") -> Cluster:
+    """`n` memories in bursts of 20 (a minute apart), bursts two hours apart."""
+    mems = [Memory.new(t, at((i // 20) * 120 + i % 20)) for i, t in enumerate(texts(n))]
+    return Cluster(cid, "everything at once", "A hand-made heap.", memories=mems)
+
+
+def test_fold_finds_what_all_pairs_find() -> None:
+    """The prefix filter's candidates miss no pair with a Jaccard of 0.9 or more."""
+    rnd = random.Random(4)
+    base = [" ".join(rnd.sample(WORDS, 12)) for _ in range(30)]
+    contents = list(base)
+    for b in base[:12]:  # near-identical copies: one word changed, or punctuation
+        ws = b.split()
+        contents.append(" ".join(ws) + "!")
+        contents.append(" ".join(ws[:-1] + [rnd.choice(WORDS)]))
+    mems = [Memory.new(c, at(i)) for i, c in enumerate(contents)]
+    state = StoreState()
+    state.clusters["c-00000001"] = Cluster("c-00000001", "mixed words", memories=mems)
+    plan = size_policy(state, max_size=500, merge_similarity=0.99)
+    assert plan is not None
+    folded = {drop for _keep, drop in plan.dedupe}
+    sets = [terms(m.content) for m in mems]
+    # every memory that has a near-identical partner is either folded or kept for one
+    for i, a in enumerate(mems):
+        partners = [
+            mems[j]
+            for j in range(len(mems))
+            if j != i and jaccard(sets[i], sets[j]) >= NEAR_IDENTICAL
+        ]
+        if partners:
+            assert a.id in folded or any(p.id in folded for p in partners), a.content
+    for keep, drop in plan.dedupe:
+        k = next(m for m in mems if m.id == keep)
+        d = next(m for m in mems if m.id == drop)
+        assert jaccard(terms(k.content), terms(d.content)) >= NEAR_IDENTICAL
+    assert len(folded) == len(plan.dedupe)  # nothing folded twice
+
+
+def test_oversized_cluster_is_split_in_bounded_slices() -> None:
+    n = 3 * SPLIT_SLICE + 100
+    state = StoreState()
+    state.clusters["c-0000b16c"] = big_cluster(n)
+    before = {m.id for m, _a, _k in state.all_memories()}
+    cfg = SessionConfig()
+    memo = SizeMemo()
+    slices = 0
+    while True:
+        part = size_slice(state, cfg, memo)
+        if part.plan is not None:
+            assert len(part.plan.assign) <= SPLIT_SLICE
+            assert validate_plan(part.plan, list(part.plan.assign), state) == []
+            dropped = [m.id for m in apply_plan(state, part.plan).dropped]
+            assert check_invariants(before, state, dropped=dropped) == []
+            before -= set(dropped)
+        slices += 1
+        if not part.more:
+            break
+        assert slices < 20
+    assert slices >= 4  # never all at once
+    sizes = [len(c.memories) for c in state.clusters.values()]
+    assert max(sizes) <= cfg.max_cluster_size
+    assert sum(sizes) == len(before)
+    # a second look finds nothing left to do: the memo remembers the clean clusters
+    again = size_slice(state, cfg, memo)
+    assert again.plan is None and not again.more
+
+
+def test_merge_compares_only_changed_clusters() -> None:
+    """Two near-duplicate clusters are merged when one changes; untouched clusters are not
+    compared again."""
+    state = StoreState()
+    a = [Memory.new(f"piano lesson {i} scales chords practice", at(i)) for i in range(3)]
+    b = [Memory.new(f"piano lesson {i} scales chords practice", at(100 + i)) for i in range(3, 5)]
+    other = [Memory.new(t, at(300 + i)) for i, t in enumerate(texts(4, seed=9))]
+    state.clusters["c-0000000a"] = Cluster("c-0000000a", "piano lessons", memories=a)
+    state.clusters["c-0000000c"] = Cluster("c-0000000c", "other things", memories=other)
+    memo = SizeMemo()
+    assert size_slice(state, SessionConfig(), memo).plan is None  # a alone: nothing to merge
+    state.clusters["c-0000000b"] = Cluster("c-0000000b", "piano practice", memories=b)
+    plan = size_slice(state, SessionConfig(), memo).plan
+    assert plan is not None and plan.clusters[0].merge_from == ["c-0000000b"]
+
+
+@pytest.mark.parametrize("max_size", [5, 60])
+def test_routing_keeps_clusters_at_most_max_size(tmp_path: Path, max_size: int) -> None:
+    store = make_store(tmp_path / "s", {"session": {"max_cluster_size": max_size}})
+    mems = [Memory.new(f"violin practice {i} bow rosin strings", at(i)) for i in range(5)]
+    write_cluster(Paths(store), Cluster("c-0000f1dd", "violin practice", memories=mems))
+    others = [Memory.new(t, at(50 + i)) for i, t in enumerate(texts(8, seed=3))]
+    write_cluster(Paths(store), Cluster("c-0000a11e", "other words", memories=others))
+    git(store, "add", "-A")
+    git(store, "commit", "-qm", "hand: a full cluster")
+    eng = Engine(store)
+    try:
+        res = eng.add([{"content": "violin practice again bow rosin strings"}])
+        full = max_size <= 5
+        # a full cluster takes no more: the memory waits, unsorted, for a session
+        assert (res.routed, res.unsorted) == ((0, 1) if full else (1, 0))
+        assert len(eng.state.clusters["c-0000f1dd"].memories) == (5 if full else 6)
+    finally:
+        eng.close()
+
+
+def test_session_splits_hand_committed_cluster_while_writes_go_on(tmp_path: Path) -> None:
+    n = 2 * SPLIT_SLICE + 300
+    store = make_store(tmp_path / "s")
+    write_cluster(Paths(store), big_cluster(n))
+    git(store, "add", "-A")
+    git(store, "commit", "-qm", "hand: one huge cluster")
+    eng = Engine(store)
+    try:
+        eng.add([{"content": "a first new memory about lanterns"}])
+        outcome: list = []
+        t = threading.Thread(target=lambda: outcome.append(eng.recluster("manual", "none")))
+        t.start()
+        waits = []
+        i = 0
+        while t.is_alive():
+            t0 = time.monotonic()
+            eng.add([{"content": f"written meanwhile {i} about copper falcons"}])
+            waits.append(time.monotonic() - t0)
+            i += 1
+        t.join()
+        out = outcome[0]
+        assert out.status == "accepted", out.reasons
+        assert len(out.commits) >= 3  # the split came in slices, each its own commit
+        cfg = eng.config.session
+        assert max(len(c.memories) for c in eng.state.clusters.values()) <= cfg.max_cluster_size
+        status = eng.status().writer
+        assert status.longest_op and status.longest_op_ms > 0
+        assert waits  # writes ran while the session did
+    finally:
+        eng.close()
+    contents = head_contents(store)
+    assert len(contents) == len(set(contents)) == n + 1 + len(waits)
+    assert all(
+        len(yaml.safe_load(p.read_text())["memories"]) <= cfg.max_cluster_size
+        for p in (store / "clusters").glob("*.yaml")
+    )
