@@ -621,14 +621,20 @@ class Client:
         }
         return _parse(MemoryList, self.call("list", **params), "list")
 
-    def clusters(self, include_archive: bool = False) -> dict[str, Any]:
-        return self.call("clusters", include_archive=include_archive or None)
+    def clusters(self, include_archive: bool = False, scope: str | None = None) -> dict[str, Any]:
+        """The clusters of `scope` (else the client's; with neither, of every scope)."""
+        return self.call(
+            "clusters", include_archive=include_archive or None, scope=self._scope(scope)
+        )
 
-    def log(self, n: int = 20) -> dict[str, Any]:
-        return self.call("log", n=n)
+    def log(self, n: int = 20, scope: str | None = None) -> dict[str, Any]:
+        """The newest commits (those of `scope`, else of the client's; with neither, all)."""
+        return self.call("log", n=n, scope=self._scope(scope))
 
-    def revert(self, ref: str) -> dict[str, Any]:
-        return self.call("revert", ref=ref)
+    def revert(self, ref: str, scope: str | None = None) -> dict[str, Any]:
+        """Revert a commit or session; with `scope` (else the client's), only one that
+        changed that scope's memories alone."""
+        return self.call("revert", ref=ref, scope=self._scope(scope))
 
     def recluster(self, wait: bool = True, timeout: float | None = None) -> dict[str, Any]:
         """Run a clustering session now; with `wait`, return its outcome (may take minutes)."""
@@ -636,8 +642,9 @@ class Client:
             timeout = max(self.timeout or 0.0, RECLUSTER_TIMEOUT)
         return self.request("recluster", {"wait": wait}, timeout=timeout)
 
-    def archive(self, dry_run: bool = False) -> dict[str, Any]:
-        return self.call("archive", dry_run=dry_run)
+    def archive(self, dry_run: bool = False, scope: str | None = None) -> dict[str, Any]:
+        """Archive cold clusters (of `scope`, else of the client's; with neither, all)."""
+        return self.call("archive", dry_run=dry_run, scope=self._scope(scope))
 
     def sync(self) -> dict[str, Any]:
         """A follower fetches from its primary now; its `status.follow` after that."""

@@ -35,6 +35,7 @@ from clagd.protocol import (
     store_owner,
     store_path,
 )
+from clagd.scopes import SCOPE_RE, BadScope, check_scope
 from clagd.serve.units import SYSTEM_SOCKET_DIR, UNIT_PREFIX, service_unit
 
 try:  # mcp >= 2
@@ -130,6 +131,15 @@ Ref = Annotated[
     str,
     Field(min_length=1, description="a commit id from memory_history (or a session id)"),
 ]
+Scope = Annotated[
+    str | None,
+    Field(
+        pattern=SCOPE_RE.pattern,
+        description="whose memory (a user, agent or run): a scope name; left out, the "
+        "server's scope (its --scope, else default). A server pinned to a scope refuses any "
+        "other",
+    ),
+]
 
 
 def _annotations(title: str, **hints: bool) -> ToolAnnotations:
@@ -195,10 +205,27 @@ def _tool(server: Any, fn: Callable[..., Any], annotations: ToolAnnotations) -> 
 
 
 class _Tools:
-    """The tools, each forwarding one call to the daemon through `client`."""
+    """The tools, each forwarding one call to the daemon through `client`. `pinned`: the
+    one scope this server may read and write (`clagd mcp --scope NAME`); a tool call
+    naming another is refused before anything reaches the daemon."""
 
-    def __init__(self, client: Client, store: Path | None) -> None:
+    def __init__(self, client: Client, store: Path | None, pinned: str | None = None) -> None:
         self.client, self.store = client, store
+        self.pinned = None if pinned is None else check_scope(pinned)
+
+    def scope(self, tool: str, given: str | None) -> str | None:
+        """The scope a tool call works in: the pinned one (another named: refused), else
+        the one it names, else None (the daemon's default)."""
+        try:
+            named = None if given is None or given == "" else check_scope(given)
+        except BadScope as exc:
+            raise ToolError(f"{tool}: argument 'scope': {exc}") from None
+        if self.pinned is not None and named not in (None, self.pinned):
+            raise ToolError(
+                f"{tool}: this memory server is pinned to scope {self.pinned!r}; "
+                f"scope {named!r} is refused"
+            )
+        return self.pinned or named
 
     async def forward(self, fn: Callable[[], T]) -> T:
         try:
@@ -244,17 +271,22 @@ class _Tools:
             importance: Importance = None,
             metadata: Metadata = None,
             created_at: CreatedAt = None,
+            scope: Scope = None,
         ) -> dict[str, Any]:
             """Store one memory: a self-contained statement (a fact, a preference, an outcome).
 
             `importance` is a number from 0 to 1 (0.5 when left out); `metadata` a free
             mapping (for example task_type, source); `created_at` an ISO 8601 time when the
-            memory is older than now. Storing the same content twice keeps one copy.
+            memory is older than now; `scope` whose memory it is (a user, agent or run).
+            Storing the same content twice in one scope keeps one copy.
             """
+            chosen = self.scope("remember", scope)
             meta = dict(metadata or {})
             if importance is not None:
                 meta["importance"] = importance
-            return await self.forward(lambda: self.client.add(content, meta or None, created_at))
+            return await self.forward(
+                lambda: self.client.add(content, meta or None, created_at, scope=chosen)
+            )
 
         return remember
 
@@ -263,11 +295,15 @@ class _Tools:
             memory_id: MemoryId,
             content: Content,
             metadata: Metadata = None,
+            scope: Scope = None,
         ) -> dict[str, Any]:
             """Replace a fact that changed: store `content` as a new memory superseding
-            memory `memory_id` (from recall). The old memory is kept in history, marked
-            superseded, and no longer recalled unless asked for."""
-            res = await self.forward(lambda: self.client.update(memory_id, content, metadata))
+            memory `memory_id` (from recall) of `scope`. The old memory is kept in history,
+            marked superseded, and no longer recalled unless asked for."""
+            chosen = self.scope("update", scope)
+            res = await self.forward(
+                lambda: self.client.update(memory_id, content, metadata, scope=chosen)
+            )
             return {"id": res.id, "supersedes": res.supersedes, "commit": res.commit}
 
         return update
@@ -280,6 +316,7 @@ class _Tools:
             include_archive: IncludeArchive = False,
             where: Where = None,
             superseded: IncludeSuperseded = False,
+            scope: Scope = None,
         ) -> Annotated[CallToolResult, RecallOutput]:
             """Find the memories relevant to `query`, grouped by topic cluster.
 
@@ -287,10 +324,12 @@ class _Tools:
             ids, clusters and scores (second item, JSON; also the structured content).
             `include_archive` also searches clusters moved to the archive for being unused;
             `where` keeps only memories whose metadata has each of its values;
-            `superseded` also memories a newer one replaced (`update`).
+            `superseded` also memories a newer one replaced (`update`); `scope` searches
+            that scope's memories (no other scope's is ever returned).
             """
             if not query.strip():
                 raise ToolError("recall: argument 'query' must be a question or topic, not blank")
+            chosen = self.scope("recall", scope)
             res = await self.forward(
                 lambda: self.client.query(
                     query,
@@ -299,6 +338,7 @@ class _Tools:
                     include_archive,
                     where=where,
                     superseded=superseded,
+                    scope=chosen,
                 )
             )
             return recall_result(res)
@@ -306,10 +346,11 @@ class _Tools:
         return recall
 
     def get_tool(self) -> Callable[..., Any]:
-        async def get(id: MemoryId) -> dict[str, Any]:
+        async def get(id: MemoryId, scope: Scope = None) -> dict[str, Any]:
             """One memory by its id (from `recall` or `list`): its text, time, metadata and
-            the cluster it is filed in."""
-            return asdict(await self.forward(lambda: self.client.get(id)))
+            the cluster it is filed in; only a memory of `scope`."""
+            chosen = self.scope("get", scope)
+            return asdict(await self.forward(lambda: self.client.get(id, scope=chosen)))
 
         return get
 
@@ -319,38 +360,51 @@ class _Tools:
             since: Since = None,
             limit: ListLimit = DEFAULT_LIST_LIMIT,
             include_archive: IncludeArchive = False,
+            scope: Scope = None,
         ) -> dict[str, Any]:
-            """The stored memories, newest first, without a query: those whose metadata has
-            each `where` value, made at or after `since`; `total` says how many match."""
+            """The stored memories of `scope`, newest first, without a query: those whose
+            metadata has each `where` value, made at or after `since`; `total` says how
+            many match."""
+            chosen = self.scope("list", scope)
             res = await self.forward(
-                lambda: self.client.list_memories(where, since, limit, include_archive)
+                lambda: self.client.list_memories(
+                    where, since, limit, include_archive, scope=chosen
+                )
             )
             return asdict(res)
 
         return list
 
     def clusters_tool(self) -> Callable[..., Any]:
-        async def list_clusters(include_archive: IncludeArchive = False) -> dict[str, Any]:
-            """The topic clusters memory is organized in: id, name, description, size."""
-            result = await self.forward(lambda: self.client.clusters(include_archive))
+        async def list_clusters(
+            include_archive: IncludeArchive = False, scope: Scope = None
+        ) -> dict[str, Any]:
+            """The topic clusters memory is organized in: id, name, description, size (of
+            `scope` only, when given or when the server is pinned to one)."""
+            chosen = self.scope("list_clusters", scope)
+            result = await self.forward(lambda: self.client.clusters(include_archive, chosen))
             return result if isinstance(result, dict) else {"clusters": result}
 
         return list_clusters
 
     def history_tool(self) -> Callable[..., Any]:
-        async def memory_history(n: LogEntries = 20) -> dict[str, Any]:
+        async def memory_history(n: LogEntries = 20, scope: Scope = None) -> dict[str, Any]:
             """The last `n` changes to memory (git commits): what was added, reorganized,
-            archived or reverted, with the commit id `revert` takes."""
-            result = await self.forward(lambda: self.client.log(n))
+            archived or reverted, with the commit id `revert` takes (those of `scope`
+            only, when given or when the server is pinned to one)."""
+            chosen = self.scope("memory_history", scope)
+            result = await self.forward(lambda: self.client.log(n, chosen))
             return result if isinstance(result, dict) else {"commits": result}
 
         return memory_history
 
     def revert_tool(self) -> Callable[..., Any]:
-        async def revert(ref: Ref) -> dict[str, Any]:
+        async def revert(ref: Ref, scope: Scope = None) -> dict[str, Any]:
             """Undo one change to memory by its commit id (from `memory_history`). The undo is
-            itself a new commit, so it can be reverted in turn."""
-            return await self.forward(lambda: self.client.revert(ref))
+            itself a new commit, so it can be reverted in turn. With `scope` (or a pinned
+            server), only a change of that scope's memories alone."""
+            chosen = self.scope("revert", scope)
+            return await self.forward(lambda: self.client.revert(ref, chosen))
 
         return revert
 
@@ -360,7 +414,7 @@ class _Tools:
 
         async def clusters_resource() -> str:
             try:
-                data = await self.forward(lambda: self.client.clusters(True))
+                data = await self.forward(lambda: self.client.clusters(True, self.pinned))
             except ToolError as exc:
                 raise ResourceError(str(exc)) from None
             return json.dumps(data, ensure_ascii=False, indent=1)
@@ -375,7 +429,7 @@ class _Tools:
         async def answer_with_memory(
             question: Annotated[str, Field(min_length=1, description="the user's question")],
         ) -> str:
-            res = await self.forward(lambda: self.client.query(question))
+            res = await self.forward(lambda: self.client.query(question, scope=self.pinned))
             return memory_prompt(question, res.context)
 
         server.prompt(
@@ -444,15 +498,17 @@ def build_server(
     socket_path: str | os.PathLike[str],
     timeout: float = 60.0,
     store: str | os.PathLike[str] | None = None,
+    scope: str | None = None,
 ) -> Any:
     """The MCP server object with clagd's tools, talking to the daemon at `socket_path`
-    (`store`, when known, is named in the "not running" message)."""
-    client = Client(socket_path, timeout=timeout, owner=store_owner(store_path(store)))
+    (`store`, when known, is named in the "not running" message). `scope`: the one scope
+    its tools may read and write (`_Tools`; None: any, the default when none is named)."""
+    client = Client(socket_path, timeout=timeout, owner=store_owner(store_path(store)), scope=scope)
     try:  # serverInfo.version: this package's version (mcp 1.x has no such argument)
         server = _Server("clagd", instructions=INSTRUCTIONS, version=__version__)
     except TypeError:  # pragma: no cover - mcp 1.x
         server = _Server("clagd", instructions=INSTRUCTIONS)
-    tools = _Tools(client, Path(store) if store is not None else None)
+    tools = _Tools(client, Path(store) if store is not None else None, scope)
     tools.register(server)
     tools.register_context(server)
     server.clagd_client = client  # type: ignore[attr-defined]
@@ -463,9 +519,10 @@ def run_mcp(
     socket_path: str | os.PathLike[str],
     timeout: float = 60.0,
     store: str | os.PathLike[str] | None = None,
+    scope: str | None = None,
 ) -> None:
-    """Serve MCP over stdin/stdout until the client disconnects."""
-    server = build_server(socket_path, timeout=timeout, store=store)
+    """Serve MCP over stdin/stdout until the client disconnects (pinned to `scope`)."""
+    server = build_server(socket_path, timeout=timeout, store=store, scope=scope)
     try:
         server.run("stdio")
     finally:
@@ -489,8 +546,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--store", help="store whose daemon to use (default: $CLAGD_STORE, or ./memory)"
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per daemon request")
+    parser.add_argument(
+        "--scope",
+        default=os.environ.get("CLAGD_SCOPE") or None,
+        help="pin the server to this scope: its tools read and write no other "
+        "(default: $CLAGD_SCOPE; none: any scope a tool call names)",
+    )
     args = parser.parse_args(argv)
-    run_mcp(_socket_from(args), timeout=args.timeout, store=args.store)
+    if args.scope is not None:
+        try:
+            check_scope(args.scope)
+        except BadScope as exc:
+            parser.error(f"--scope: {exc}")
+    run_mcp(_socket_from(args), timeout=args.timeout, store=args.store, scope=args.scope)
     return 0
 
 

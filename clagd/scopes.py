@@ -9,7 +9,7 @@ key on the memory and on its cluster, and a cluster holds memories of one scope 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from clagd.errors import BadScope
 
@@ -52,3 +52,21 @@ def check_scopes(names: Iterable[object] | None) -> tuple[str, ...]:
 def visible_scopes(scope: object = None, extra: Iterable[object] | None = None) -> frozenset[str]:
     """What a query sees: its scope (default when not given) and the scopes it names."""
     return frozenset((scope_or_default(scope), *check_scopes(extra)))
+
+
+def scopes_trailer(scopes: Iterable[str]) -> dict[str, str]:
+    """The commit trailer (`Clagd-Scopes: alice,bob`) naming the scopes whose memories a
+    commit changes: left out when they are the default's alone (every commit before
+    scopes, and every commit of a store that uses none), so `log --scope` reads a commit
+    without it as the default scope's."""
+    names = sorted(set(scopes))
+    if not names or names == [DEFAULT_SCOPE]:
+        return {}
+    return {"scopes": ",".join(names)}
+
+
+def trailer_scopes(trailers: Mapping[str, str]) -> frozenset[str]:
+    """The scopes a commit's trailers name (`scopes_trailer`): the default without one."""
+    text = trailers.get("scopes", "")
+    names = {n for n in (p.strip() for p in text.split(",")) if SCOPE_RE.fullmatch(n)}
+    return frozenset(names or {DEFAULT_SCOPE})

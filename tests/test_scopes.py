@@ -3,6 +3,7 @@ ones it names. Real stores, real daemons on real sockets, real inbox files."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -124,10 +125,12 @@ def test_an_existing_store_reads_unchanged(daemon: InProcessDaemon) -> None:
     assert "Plain memories keep their old files" in text
 
 
-def test_inbox_scope_key(daemon: InProcessDaemon) -> None:
+def test_inbox_scope_key_and_subfolder(daemon: InProcessDaemon) -> None:
     inbox = daemon.root / "inbox"
     (inbox / "a.yaml").write_text("content: Alice drinks oolong\nscope: alice\n")
-    (inbox / "b.json").write_text('[{"content": "Bob drinks espresso", "scope": "bob"}]')
+    (inbox / "bob").mkdir()
+    (inbox / "bob" / "b.md").write_text("Bob drinks espresso\n")
+    (inbox / "bob" / "e.json").write_text('{"content": "Eve drinks gin", "scope": "eve"}')
     (inbox / "c.md").write_text("---\nscope: carol\n---\nCarol drinks matcha\n")
     (inbox / "d.json").write_text('{"content": "Dan drinks chai", "scope": "Not Valid"}')
 
@@ -143,6 +146,11 @@ def test_inbox_scope_key(daemon: InProcessDaemon) -> None:
     rejected = inbox / "rejected"
     wait_for(lambda: (rejected / "d.json.error").exists(), 20, "the bad scope's rejection")
     assert "Not Valid" in (rejected / "d.json.error").read_text()
+    # a file in inbox/bob/ naming another scope is rejected, kept whole, with both names
+    wait_for(lambda: (rejected / "bob_e.json.error").exists(), 20, "the mismatch's rejection")
+    why = (rejected / "bob_e.json.error").read_text()
+    assert "'eve'" in why and "'bob'" in why
+    assert "Eve drinks gin" in (rejected / "bob_e.json").read_text()
     with daemon.client() as c:
 
         def bobs() -> list[str]:
@@ -179,3 +187,59 @@ def test_a_session_and_routing_never_mix_scopes(daemon: InProcessDaemon) -> None
             assert not any(h.content.startswith(other) for h in got.memories)
             named = {cl.id for cl in state.clusters.values() if cl.scope == who}
             assert {cs.id for cs in got.clusters} <= named
+
+
+def test_get_list_clusters_log_status_and_export_per_scope(
+    daemon: InProcessDaemon, tmp_path: Path
+) -> None:
+    from clagd.store.export import export_markdown
+
+    with daemon.client() as c:
+        a = c.add("Alice keeps her passport in the desk", scope="alice")["ids"][0]
+        b = c.add("Bob keeps his passport in the car", scope="bob")["ids"][0]
+        assert c.get(a, scope="alice").content.startswith("Alice")
+        for wrong in (None, "bob"):  # another scope's id is not found, with the same words
+            with pytest.raises(ClientError) as got:
+                c.get(a, scope=wrong)
+            assert got.value.code == "not_found"
+        with pytest.raises(ClientError) as missing:
+            c.get("m-00000000000000ff", scope="bob")
+        assert str(missing.value).replace("m-00000000000000ff", a) == str(got.value)
+        listed = c.list_memories(scope="bob")
+        assert [m.id for m in listed.memories] == [b] and listed.total == 1
+        assert listed.memories[0].scope == "bob"
+        assert c.list_memories().total == 0
+        assert c.clusters(scope="alice")["unsorted"] == 1
+        assert c.clusters()["unsorted"] == 2  # the owner's view: every scope
+        logged = c.log(5, scope="bob")["entries"]
+        assert [e["trailers"].get("scopes") for e in logged] == ["bob"]
+        assert all(e["trailers"].get("scopes") != "bob" for e in c.log(5, scope="alice")["entries"])
+        per = c.status()["counts"]["scopes"]
+        assert per["alice"]["memories"] == 1 and per["bob"]["unsorted"] == 1
+    files = export_markdown(daemon.root, tmp_path / "out", scope="alice")
+    text = "".join(p.read_text() for p in files)
+    assert "Alice keeps" in text and "Bob keeps" not in text
+
+
+def test_cli_scope_option_and_env(daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from clagd.cli import main
+
+    base = ["--socket", str(daemon.socket)]
+    run = CliRunner().invoke
+    out = run(main, [*base, "add", "--scope", "alice", "Alice rides a red bike"])
+    assert out.exit_code == 0, out.output
+    monkeypatch.setenv("CLAGD_SCOPE", "bob")
+    assert run(main, [*base, "add", "Bob rides a blue bike"]).exit_code == 0
+    bob = run(main, [*base, "query", "--json", "bike"])
+    assert [m["content"] for m in json.loads(bob.output)["memories"]] == ["Bob rides a blue bike"]
+    alice = run(main, [*base, "query", "--scope", "alice", "--json", "bike"])
+    assert [m["scope"] for m in json.loads(alice.output)["memories"]] == ["alice"]
+    listed = run(main, [*base, "--scope", "alice", "list", "--json"])
+    assert json.loads(listed.output)["total"] == 1
+    bad = run(main, [*base, "query", "--scope", "Bad Name", "bike"])
+    assert bad.exit_code == 2 and "Bad Name" in bad.output
+    monkeypatch.setenv("CLAGD_SCOPE", "../etc")
+    env_bad = run(main, [*base, "query", "bike"])
+    assert env_bad.exit_code == 2 and "../etc" in env_bad.output

@@ -47,9 +47,11 @@ class NotAStore(ClagdError):
 
 
 class Ctx:
-    def __init__(self, store: str | None, socket: str | None) -> None:
+    def __init__(self, store: str | None, socket: str | None, scope: str | None = None) -> None:
         self.store = store_path(store)
         self.socket = socket or os.environ.get(SOCKET_ENV)
+        # the scope the commands read and write (--scope / $CLAGD_SCOPE; None: default)
+        self.scope = scope
 
     def socket_path(self) -> Path:
         """--socket / $CLAGD_SOCKET, else the store's `server.socket`, else its default."""
@@ -58,7 +60,9 @@ class Ctx:
     def client(self, timeout: float | None = 30.0) -> Client:
         if not self.socket:
             self.require_store()
-        return Client(self.socket_path(), timeout=timeout, owner=store_owner(self.store))
+        return Client(
+            self.socket_path(), timeout=timeout, owner=store_owner(self.store), scope=self.scope
+        )
 
     def require_store(self) -> None:
         """A mistyped --store says so, rather than "no daemon running", with advice that
@@ -90,6 +94,41 @@ class Ctx:
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
+
+SCOPE_ENV = "CLAGD_SCOPE"
+SCOPE_HELP = (
+    "the scope (user, agent, run) to read and write: [a-z0-9][a-z0-9_-]{0,62} "
+    f"(env {SCOPE_ENV}; default: default)"
+)
+
+
+def _checked_scope(value: str | None) -> str | None:
+    from clagd.scopes import BadScope, check_scope
+
+    if value is None or value == "":
+        return None
+    try:
+        return check_scope(value)
+    except BadScope as exc:
+        raise click.BadParameter(str(exc), param_hint="--scope") from None
+
+
+def _set_scope(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """A command's own --scope: it overrides the one given to `clagd` (or $CLAGD_SCOPE)."""
+    scope = _checked_scope(value)
+    if scope is not None:
+        ctx.ensure_object(Ctx).scope = scope
+
+
+# `--scope NAME` on every command that reads or writes memories (also `clagd --scope NAME`)
+scope_option = click.option(
+    "--scope",
+    metavar="NAME",
+    callback=_set_scope,
+    expose_value=False,
+    is_eager=False,
+    help=SCOPE_HELP,
+)
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="print the result as JSON (for scripts)"
 )
@@ -186,10 +225,11 @@ def _answers(path: Path) -> bool:
     type=click.Path(),
     help="Daemon socket (env CLAGD_SOCKET; default from the store).",
 )
+@click.option("--scope", envvar=SCOPE_ENV, metavar="NAME", help=SCOPE_HELP)
 @click.pass_context
-def main(ctx: click.Context, store: str | None, socket: str | None) -> None:
+def main(ctx: click.Context, store: str | None, socket: str | None, scope: str | None) -> None:
     """clagd: a git-versioned memory daemon for small-language-model agents."""
-    ctx.obj = Ctx(store, socket)
+    ctx.obj = Ctx(store, socket, _checked_scope(scope))
 
 
 class Progress:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from clagd.cli.base import Ctx, echo, emit, json_option, main, pass_ctx
+from clagd.cli.base import Ctx, echo, emit, json_option, main, pass_ctx, scope_option
 from clagd.cli.serving import follow_line
 from clagd.errors import DaemonNotRunning
 
@@ -104,11 +104,12 @@ def _attention(s: dict[str, Any]) -> list[str]:
 @main.command()
 @click.option("--archive", "include_archive", is_flag=True, help="include archived clusters")
 @json_option
+@scope_option
 @pass_ctx
 def clusters(c: Ctx, include_archive: bool, as_json: bool) -> None:
-    """The clusters, largest first."""
+    """The clusters, largest first (of --scope only, when given; else of every scope)."""
     with c.client() as cl:
-        res = cl.call("clusters", include_archive=include_archive or None)
+        res = cl.clusters(include_archive)
     rows = [
         f"{x['id']}  {x['size']:>5}  {x['name']}{'  [archived]' if x['archived'] else ''}{'  [pinned]' if x.get('pinned') else ''}"
         for x in res["clusters"]
@@ -122,20 +123,22 @@ def clusters(c: Ctx, include_archive: bool, as_json: bool) -> None:
     "-n", type=click.IntRange(1, 10_000), default=20, show_default=True, help="entries, 1-10000"
 )
 @json_option
+@scope_option
 @pass_ctx
 def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
-    """The store's history: ingests, sessions, archives, reverts, edits.
+    """The store's history: ingests, sessions, archives, reverts, edits (with --scope,
+    the commits that changed that scope's memories).
 
     Asks the daemon; when none runs, reads the store's git directly (as `export` does)."""
     try:
         with c.client() as cl:
-            res = cl.call("log", n=n)
+            res = cl.log(n)
     except DaemonNotRunning:
         from clagd.store.lock import lock_holder
 
         if c.socket or lock_holder(c.store) is not None:
             raise  # a daemon was named, or one runs: say what is wrong with it
-        res = _log_from_git(c.store, n)
+        res = _log_from_git(c.store, n, c.scope)
     rows = []
     for e in res["entries"]:
         extra = " ".join(
@@ -152,15 +155,18 @@ def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
     emit(res, as_json, "\n".join(rows) or "(no history)")
 
 
-def _log_from_git(store: Path, n: int) -> dict[str, Any]:
+def _log_from_git(store: Path, n: int, scope: str | None = None) -> dict[str, Any]:
     """`log`'s answer read from the store itself: the daemon's `log` op, without a daemon."""
     from clagd.engine.results import Log, LogEntry
     from clagd.protocol import to_wire
+    from clagd.scopes import trailer_scopes
     from clagd.store.gitrepo import GitStore
     from clagd.store.history import HistoryLog
 
     git = GitStore(store)
-    entries = tuple(LogEntry.of(c) for c in git.log(n))
+    found = git.log(n if scope is None else min(10_000, n * 20))
+    mine = [c for c in found if scope is None or scope in trailer_scopes(c.trailers)]
+    entries = tuple(LogEntry.of(c) for c in mine[:n])
     wire = to_wire(Log(entries, tuple(HistoryLog(git.gitdir).recent(n))))
     assert isinstance(wire, dict)  # a dataclass is an object on the wire
     return wire

@@ -10,7 +10,16 @@ from typing import Any
 
 import click
 
-from clagd.cli.base import EXIT_ERROR, Ctx, Progress, emit, json_option, main, pass_ctx
+from clagd.cli.base import (
+    EXIT_ERROR,
+    Ctx,
+    Progress,
+    emit,
+    json_option,
+    main,
+    pass_ctx,
+    scope_option,
+)
 from clagd.cli.reading import where_option
 from clagd.protocol import MAX_MEMORIES_LIMIT
 
@@ -27,6 +36,7 @@ from clagd.protocol import MAX_MEMORIES_LIMIT
 @click.option("--meta", "-m", multiple=True, help="metadata KEY=VALUE (repeatable)")
 @click.option("--created-at", help="ISO 8601 time (default: now)")
 @json_option
+@scope_option
 @pass_ctx
 def add(
     c: Ctx,
@@ -48,7 +58,7 @@ def add(
         item["metadata"] = metadata
     if created_at:
         item["created_at"] = created_at
-    validate_item(item, "memory")  # the daemon's own checks, before anything is sent
+    validate_item(item, "memory", c.scope)  # the daemon's own checks, before anything is sent
     with c.client() as cl:
         res = cl.add(item["content"], metadata=metadata or None, created_at=created_at)
     if res.get("added"):
@@ -169,7 +179,11 @@ IMPORT_MAX_FILE_BYTES = 64 * 1024 * 1024  # a file clagd import reads (the inbox
 IMPORT_REQUEST_BYTES = 900_000
 
 
-def _read_items(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def _read_items(
+    files: list[Path], scope: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The items of the files, each with its scope (its own `scope:`, else `scope`); a file
+    naming another scope than `scope` is rejected with the reason."""
     from clagd.errors import InboxRejected
     from clagd.ingest.inbox import read_file
 
@@ -177,8 +191,12 @@ def _read_items(files: list[Path]) -> tuple[list[dict[str, Any]], dict[str, str]
     rejected: dict[str, str] = {}
     for f in files:
         try:
-            for it in read_file(f, IMPORT_MAX_FILE_BYTES, 1_000_000, setting=None):
-                d: dict[str, Any] = {"content": it.content, "metadata": it.metadata}
+            for it in read_file(f, IMPORT_MAX_FILE_BYTES, 1_000_000, setting=None, scope=scope):
+                d: dict[str, Any] = {
+                    "content": it.content,
+                    "metadata": it.metadata,
+                    "scope": it.scope,
+                }
                 if it.created_at:
                     d["created_at"] = it.created_at
                 items.append(d)
@@ -215,6 +233,7 @@ def _chunks(items: list[dict[str, Any]], batch: int) -> Iterator[list[dict[str, 
     help="memories per request and commit (fewer: smaller requests)",
 )
 @json_option
+@scope_option
 @pass_ctx
 def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> None:
     """Bulk import memory files (the inbox formats; folders are walked) with progress.
@@ -223,7 +242,7 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
     temporary name) or rejected (unreadable, invalid); a rejected file makes the exit
     status 1."""
     files, skipped = _import_files(paths)
-    items, rejected = _read_items(files)
+    items, rejected = _read_items(files, c.scope)
     added = dupes = 0
     prog = Progress("importing", len(items))
     with c.client(timeout=None) as cl:
@@ -267,6 +286,7 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
 @click.option("--superseded", is_flag=True, help="also memories another supersedes (clagd update)")
 @where_option
 @json_option
+@scope_option
 @pass_ctx
 def query(
     c: Ctx,
@@ -299,11 +319,13 @@ def query(
     "--format", "fmt", type=click.Choice(["markdown"]), default="markdown", show_default=True
 )
 @json_option
+@scope_option
 @pass_ctx
 def export(c: Ctx, dest: str, fmt: str, as_json: bool) -> None:
-    """Write the clusters as readable Markdown into DEST, one file per cluster."""
+    """Write the clusters as readable Markdown into DEST, one file per cluster (with
+    --scope, only that scope's clusters and unsorted memories; else every scope's)."""
     from clagd.store.export import export_markdown
 
     c.require_store()
-    paths = export_markdown(c.store, Path(dest))
+    paths = export_markdown(c.store, Path(dest), scope=c.scope)
     emit({"files": [str(p) for p in paths]}, as_json, f"wrote {len(paths)} file(s) to {dest}")

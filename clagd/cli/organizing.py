@@ -6,7 +6,7 @@ import threading
 
 import click
 
-from clagd.cli.base import Ctx, Progress, emit, json_option, main, pass_ctx
+from clagd.cli.base import Ctx, Progress, emit, json_option, main, pass_ctx, scope_option
 
 
 @main.command()
@@ -55,9 +55,10 @@ def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
 @main.command()
 @click.option("--dry-run", is_flag=True, help="only list the clusters that would move")
 @json_option
+@scope_option
 @pass_ctx
 def archive(c: Ctx, dry_run: bool, as_json: bool) -> None:
-    """Move cold clusters to archive/ now."""
+    """Move cold clusters to archive/ now (of --scope only, when given)."""
     with c.client() as cl:
         res = cl.archive(dry_run=dry_run)
     verb = "would archive" if dry_run else "archived"

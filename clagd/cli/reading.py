@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from clagd.cli.base import Ctx, emit, json_option, main, pass_ctx
+from clagd.cli.base import Ctx, emit, json_option, main, pass_ctx, scope_option
 from clagd.client import MemoryRecord
 from clagd.errors import BadRequest
 from clagd.protocol import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, SINCE_FORMS, parse_where, since_epoch
@@ -52,6 +52,7 @@ def memory_line(m: MemoryRecord) -> str:
 @main.command()
 @click.argument("memory_id")
 @json_option
+@scope_option
 @pass_ctx
 def get(c: Ctx, memory_id: str, as_json: bool) -> None:
     """One memory by its id (as `query --json` and `list` show it)."""
@@ -87,6 +88,7 @@ def get(c: Ctx, memory_id: str, as_json: bool) -> None:
 )
 @click.option("--archive", "include_archive", is_flag=True, help="also list archived clusters")
 @json_option
+@scope_option
 @pass_ctx
 def list_cmd(
     c: Ctx,

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from clagd.cli.base import EXIT_BAD_CONFIG, MCP_HINT, Ctx, echo, emit, main, pass_ctx
+from clagd.cli.base import EXIT_BAD_CONFIG, MCP_HINT, Ctx, echo, emit, main, pass_ctx, scope_option
 from clagd.errors import ClagdError
 
 
@@ -134,11 +134,14 @@ def install_service(
 
 
 @main.command()
+@scope_option
 @pass_ctx
 def mcp(c: Ctx) -> None:
-    """Serve the store's memory as MCP tools over stdio (needs the mcp extra)."""
+    """Serve the store's memory as MCP tools over stdio (needs the mcp extra). With
+    --scope (or $CLAGD_SCOPE), the server is pinned to that scope: its tools read and write
+    that scope's memories alone, and a call naming another scope is refused."""
     try:
         from clagd.mcp_server import run_mcp
     except ImportError:
         raise click.ClickException(f"the MCP server needs the official SDK: {MCP_HINT}") from None
-    run_mcp(c.socket_path(), store=c.store)
+    run_mcp(c.socket_path(), store=c.store, scope=c.scope)

@@ -14,19 +14,24 @@ from clagd.config import ArchiveConfig
 from clagd.engine.results import Archived, Thawed
 from clagd.engine.stats import AccessStats
 from clagd.model import parse_epoch
+from clagd.scopes import scopes_trailer
 from clagd.store.files import StoreState
 from clagd.store.writer import WriteContext
 
 
 def cold_clusters(
-    state: StoreState, stats: AccessStats, cfg: ArchiveConfig, now: float | None = None
+    state: StoreState,
+    stats: AccessStats,
+    cfg: ArchiveConfig,
+    now: float | None = None,
+    scope: str | None = None,
 ) -> list[str]:
-    """The ids of the hot clusters due for the archive: last read (or, never read, last
-    changed) at least `cold_after_days` ago."""
+    """The ids of the hot clusters (of `scope`, when given) due for the archive: last read
+    (or, never read, last changed) at least `cold_after_days` ago."""
     now = time.time() if now is None else now
     cold = []
     for c in state.clusters.values():
-        if c.pinned or len(c.memories) < cfg.min_size:
+        if c.pinned or len(c.memories) < cfg.min_size or scope not in (None, c.scope):
             continue
         _count, last = stats.cluster(c.id)
         if last is None:
@@ -38,10 +43,16 @@ def cold_clusters(
 
 
 def archive_cold(
-    ctx: WriteContext, stats: AccessStats, cfg: ArchiveConfig, dry_run: bool, now: float | None
+    ctx: WriteContext,
+    stats: AccessStats,
+    cfg: ArchiveConfig,
+    dry_run: bool,
+    now: float | None,
+    scope: str | None = None,
 ) -> Archived:
-    """Move the cold clusters to the archive in one commit (or only list them)."""
-    cold = cold_clusters(ctx.state, stats, cfg, now)
+    """Move the cold clusters (of `scope`, when given) to the archive in one commit (or
+    only list them)."""
+    cold = cold_clusters(ctx.state, stats, cfg, now, scope)
     names = tuple(ctx.state.clusters[c].name for c in cold)
     if dry_run or not cold:
         return Archived(dry_run, tuple(cold), names, None)
@@ -49,10 +60,11 @@ def archive_cold(
         ctx.touch_cluster(cid)
         ctx.touch_archive(cid)
         ctx.state.archived[cid] = ctx.state.clusters.pop(cid)
+    scopes = sorted({ctx.state.archived[cid].scope for cid in cold})
     sha = ctx.commit(
         f"archive: {len(cold)} cold cluster(s)",
         "\n".join(f"- {cid}: {n}" for cid, n in zip(cold, names)),
-        {"kind": "archive", "clusters": len(cold)},
+        {"kind": "archive", "clusters": len(cold), **scopes_trailer(scopes)},
     )
     return Archived(False, tuple(cold), names, sha)
 

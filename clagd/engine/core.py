@@ -45,7 +45,7 @@ from clagd.engine.routing import RouteQueue
 from clagd.engine.stats import AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
-from clagd.errors import BadRequest, Conflict, Paused, StoreError
+from clagd.errors import BadRequest, BadScope, Conflict, Paused, StoreError
 from clagd.ingest import supersede
 from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
@@ -53,7 +53,7 @@ from clagd.ingest.turns import stored_roles, turn_items
 from clagd.model import Memory, iso_utc
 from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.index import Index
-from clagd.scopes import DEFAULT_SCOPE, check_scope, scope_or_default
+from clagd.scopes import DEFAULT_SCOPE, check_scope, scope_or_default, trailer_scopes
 from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
@@ -117,6 +117,7 @@ class ArchiveRun:
 
     dry_run: bool = False
     now: float | None = None
+    scope: str | None = None  # only this scope's clusters (None: every scope's)
 
 
 @dataclass(frozen=True)
@@ -562,15 +563,23 @@ class Engine:
         archive_idx = self.archive_index() if params.include_archive else None
         return lookup.list_memories(self.index, archive_idx, params)
 
-    def clusters(self, include_archive: bool = False) -> ClusterList:
+    def clusters(
+        self, include_archive: bool = False, scopes: Collection[str] | None = None
+    ) -> ClusterList:
+        """The clusters of `scopes` (None: all), and their unsorted memories' count."""
         out = []
         for c in self._summaries:
-            if c.archived and not include_archive:
+            if (c.archived and not include_archive) or (
+                scopes is not None and c.scope not in scopes
+            ):
                 continue
             count, last = self.stats.cluster(c.id)
             out.append(replace(c, access_count=count, last_accessed=_iso(last)))
         out.sort(key=lambda c: (c.archived, -c.size, c.name))
-        return ClusterList(tuple(out), self.index_unsorted_count())
+        if scopes is None:
+            return ClusterList(tuple(out), self.index_unsorted_count())
+        loose = self.index.unsorted_by_scope()
+        return ClusterList(tuple(out), sum(n for s, n in loose.items() if s in scopes))
 
     def index_unsorted_count(self) -> int:
         return len(self.index) - sum(c.size for c in self._summaries if not c.archived)
@@ -586,7 +595,7 @@ class Engine:
             load_source=self.load_source,
             load_processes=self.load_processes,
             route_pending=len(self.routes),
-            counts=summary.counts(self._summaries, len(self.index)),
+            counts=summary.counts(self._summaries, len(self.index), self.index.unsorted_by_scope()),
             counters=dict(self.counters),
             writer=self.writer.status(),
             new_since_session=self.new_since_session,
@@ -610,23 +619,45 @@ class Engine:
             follow=part.get("follow"),
         )
 
-    def log(self, n: int = 20) -> Log:
+    def log(self, n: int = 20, scope: str | None = None) -> Log:
+        """The newest `n` commits; with `scope`, those that name it in their `scopes`
+        trailer (ingests, sessions and forgets of its memories; a commit without the
+        trailer counts as the default scope's, as every commit before scopes did)."""
         if not isinstance(n, int) or not 0 < n <= 10_000:
             raise BadRequest("'n' must be an integer from 1 to 10000")
-        entries = tuple(LogEntry.of(c) for c in self.git.log(n))
+        if scope is None:
+            entries = tuple(LogEntry.of(c) for c in self.git.log(n))
+        else:
+            scope = check_scope(scope)
+            found = self.git.log(min(10_000, n * 20))
+            mine = [c for c in found if scope in trailer_scopes(c.trailers)]
+            entries = tuple(LogEntry.of(c) for c in mine[:n])
         # moves of the branch made outside clagd that took memories out of HEAD
         return Log(entries, tuple(self.writer.branch.history.recent(n)))
 
     # -- history ------------------------------------------------------------------------
-    def revert(self, ref: str) -> Reverted:
-        """Revert one commit, or every commit of a session (newest first), through git."""
+    def revert(self, ref: str, scope: str | None = None) -> Reverted:
+        """Revert one commit, or every commit of a session (newest first), through git.
+        `scope`: the caller works in this scope only (a pinned MCP server): a commit that
+        changed memories of any other scope is refused, naming none of them."""
         if not isinstance(ref, str) or not ref.strip():
             raise BadRequest("'ref' must be a commit or a session id")
         ref = ref.strip()
         shas = history.commits_for(self.git, ref)
+        if scope is not None:
+            self._check_revert_scope(shas, check_scope(scope))
         result: Reverted = self.writer.call(self._revert_op, shas)
         self.counters["reverts"] += 1
         return result
+
+    def _check_revert_scope(self, shas: list[str], scope: str) -> None:
+        for sha in shas:
+            found = self.git.log(1, rev=sha)
+            if not found or trailer_scopes(found[0].trailers) != {scope}:
+                raise BadScope(
+                    f"commit {sha[:10]} changed memories outside scope {scope!r}: "
+                    "not revertible from this scope"
+                )
 
     def _revert_op(self, ctx: WriteContext, shas: list[str]) -> Reverted:
         done = history.revert_commits(ctx, shas)
@@ -657,12 +688,18 @@ class Engine:
         return change
 
     # -- archive ----------------------------------------------------------------------
-    def archive(self, dry_run: bool = False, now: float | None = None) -> Archived:
-        result: Archived = self.writer.call(self._archive_op, ArchiveRun(dry_run, now))
+    def archive(
+        self, dry_run: bool = False, now: float | None = None, scope: str | None = None
+    ) -> Archived:
+        """Archive the cold clusters (of `scope` only, when given)."""
+        scope = None if scope is None else check_scope(scope)
+        result: Archived = self.writer.call(self._archive_op, ArchiveRun(dry_run, now, scope))
         return result
 
     def _archive_op(self, ctx: WriteContext, run: ArchiveRun) -> Archived:
-        out = archive.archive_cold(ctx, self.stats, self.config.archive, run.dry_run, run.now)
+        out = archive.archive_cold(
+            ctx, self.stats, self.config.archive, run.dry_run, run.now, run.scope
+        )
         if not out.dry_run:
             self.counters["archived"] += len(out.clusters)
         return out

@@ -172,6 +172,7 @@ class ClusterInfo:
     updated_at: str
     access_count: int = 0
     last_accessed: str | None = None
+    scope: str = DEFAULT_SCOPE
 
     @classmethod
     def of(cls, c: Cluster, archived: bool) -> ClusterInfo:
@@ -185,6 +186,7 @@ class ClusterInfo:
             c.pinned,
             c.created_at,
             c.updated_at,
+            scope=c.scope,
         )
 
 
@@ -280,6 +282,8 @@ class Counts:
     archived_clusters: int
     archived_memories: int
     unsorted: int
+    # per scope: {"memories", "clusters", "archived_memories", "unsorted"} (hot memories)
+    scopes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

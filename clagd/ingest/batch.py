@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from clagd.ingest import supersede
 from clagd.ingest.inbox import Item
 from clagd.model import SUPERSEDED_BY, Memory, memory_id, new_id, normalized_id, now_iso
+from clagd.scopes import scopes_trailer
 from clagd.store.files import new_shard_name
 from clagd.store.writer import WriteContext
 
@@ -119,6 +120,7 @@ def ingest_items(
             "unsorted": res.unsorted,
             **({"route": "deferred"} if res.deferred else {}),
             **({"supersedes": len(res.supersedes)} if res.supersedes else {}),
+            **scopes_trailer(m.scope for m in fresh),
         },
     )
     if keys is known:

@@ -23,7 +23,7 @@ from typing import Any
 from clagd.errors import BadScope, InboxRejected
 from clagd.model import LINK_KEYS, iso_utc, normalize_content, parse_time
 from clagd.protocol import user_name
-from clagd.scopes import DEFAULT_SCOPE, check_scope
+from clagd.scopes import DEFAULT_SCOPE, SCOPE_RE, check_scope
 from clagd.yamlio import YamlError, loads
 
 log = logging.getLogger("clagd.inbox")
@@ -36,6 +36,33 @@ KNOWN_KEYS = {"content", "metadata", "created_at", "scope"}
 
 def ignored_name(name: str) -> bool:
     return name.startswith(".") or name.endswith(IGNORED_ENDINGS)
+
+
+# inbox/<scope>/: a file dropped there belongs to that scope (`name_scope`); rejected/ and
+# hidden folders (.tmp/) are never a scope's
+NOT_SCOPE_DIRS = frozenset({"rejected"})
+
+
+def scope_dirs(root: Path) -> list[str]:
+    """The scope folders of an inbox: real folders (not links) named as a scope is."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    return sorted(
+        e.name
+        for e in entries
+        if e.name not in NOT_SCOPE_DIRS
+        and SCOPE_RE.fullmatch(e.name)
+        and e.is_dir(follow_symlinks=False)
+    )
+
+
+def name_scope(name: str) -> str | None:
+    """The scope of an inbox file by where it lies: `bob/x.md` is scope bob's; a file in
+    the inbox itself has none (its items name their own, else the default)."""
+    folder, sep, _ = name.partition("/")
+    return folder if sep else None
 
 
 @dataclass
@@ -370,13 +397,27 @@ class InboxTracker:
             self._open.pop(name, None)
 
     def candidates(self) -> list[str]:
+        """The files to read: those in the inbox, and those in its scope folders
+        (`inbox/<scope>/`, named `<scope>/<file>`; found by the scan, which the periodic
+        rescan runs, as no event is watched there)."""
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
             return []
-        return sorted(
+        names = [
             e.name for e in entries if not ignored_name(e.name) and e.is_file(follow_symlinks=False)
-        )
+        ]
+        for d in scope_dirs(self.root):
+            try:
+                inside = list(os.scandir(self.root / d))
+            except OSError:
+                continue
+            names += [
+                f"{d}/{e.name}"
+                for e in inside
+                if not ignored_name(e.name) and e.is_file(follow_symlinks=False)
+            ]
+        return sorted(names)
 
     def _still_open(self, name: str) -> bool:
         entry = self._open.get(name)
@@ -451,7 +492,7 @@ def reject(inbox: Path, name: str, reason: str) -> Rejection:
     try:
         rejected, refused = _rejected_dir(inbox, inbox_fd)
         try:
-            target = _free_name(rejected, name)
+            target = _free_name(rejected, name.replace("/", "_"))  # inbox/bob/x.md: bob_x.md
             os.rename(name, target, src_dir_fd=inbox_fd, dst_dir_fd=rejected)
             _write_new(rejected, target + ".error", error_text(reason))
         finally:

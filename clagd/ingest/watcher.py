@@ -31,7 +31,14 @@ except Exception:  # noqa: BLE001  # pragma: no cover - no inotify here (not Lin
 
 from clagd.config import InboxConfig
 from clagd.errors import ClagdError, InboxRejected, Paused
-from clagd.ingest.inbox import InboxTracker, Item, ignored_name, read_file, reject
+from clagd.ingest.inbox import (
+    InboxTracker,
+    Item,
+    ignored_name,
+    name_scope,
+    read_file,
+    reject,
+)
 
 log = logging.getLogger("clagd.inbox")
 
@@ -366,7 +373,12 @@ class InboxWatcher:
                 st = os.stat(path)
                 if time.time() - st.st_mtime < READ_AHEAD_MIN_AGE:
                     continue
-                items = read_file(path, self.cfg.max_file_bytes, self.cfg.max_items_per_file)
+                items = read_file(
+                    path,
+                    self.cfg.max_file_bytes,
+                    self.cfg.max_items_per_file,
+                    scope=name_scope(name),
+                )
                 again = os.stat(path)
             except Exception:  # noqa: BLE001 - the pass reads it again and says what is wrong
                 continue
@@ -437,7 +449,9 @@ class InboxWatcher:
         if ahead is not None:
             return ahead, "ok"
         try:
-            return read_file(path, self.cfg.max_file_bytes, self.cfg.max_items_per_file), "ok"
+            cfg = self.cfg
+            scope = name_scope(name)
+            return read_file(path, cfg.max_file_bytes, cfg.max_items_per_file, scope=scope), "ok"
         except FileNotFoundError:
             self.tracker.forget(name)
             return [], "gone"

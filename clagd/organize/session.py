@@ -57,6 +57,7 @@ from clagd.organize.sample import Check, Snapshot, lexical_ok, pick_checks, take
 from clagd.organize.similarity import ClusterScores
 from clagd.organize.size_policy import memo_for, size_slice
 from clagd.organize.validation import retrievability, retrievability_problem
+from clagd.scopes import scopes_trailer
 from clagd.slm.base import Backend
 from clagd.slm.manager import BackendManager
 from clagd.slm.none import NoneBackend
@@ -272,7 +273,8 @@ def _apply_plan_op(ctx: WriteContext, arg: ApplyPlan) -> ApplyResult:
     subject, body = _commit_text(
         plan, state, sid, how.label, len(present), applied.notes + list(how.notes)
     )
-    res.sha = ctx.commit(subject, body, trailers)
+    moved = {found[mid][2].scope for mid in present}
+    res.sha = ctx.commit(subject, body, {**trailers, **scopes_trailer(moved)})
     res.invariant_problems = check_invariants(
         before, state, dropped=[m.id for m in applied.dropped], renamed=renamed
     )

@@ -296,6 +296,15 @@ class Index:
         (epoch seconds) let through, and how many do in all (`retrieval.listing`)."""
         return listing.newest(self, where, since, limit, scopes)
 
+    def unsorted_by_scope(self) -> dict[str, int]:
+        """How many unsorted memories each scope has (`status` counts)."""
+        mems = self.memories.mems
+        out: dict[str, int] = {}
+        for slot in self.uslots.tolist():
+            scope = mems[slot].scope
+            out[scope] = out.get(scope, 0) + 1
+        return out
+
     def cluster_candidates(
         self, text: str, n: int, scopes: Collection[str] | None = None
     ) -> list[tuple[str, str, float]]:

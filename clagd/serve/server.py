@@ -360,15 +360,29 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
         lambda p: engine.update(p.get("memory_id"), _update_item(p), scope=p.get("scope")),
     )
     d.op(
-        "clusters", lambda p: engine.clusters(include_archive=bool(p.get("include_archive", False)))
+        "clusters",
+        lambda p: engine.clusters(
+            include_archive=bool(p.get("include_archive", False)), scopes=_seen(p)
+        ),
     )
-    d.op("log", lambda p: engine.log(p.get("n", 20)))
-    d.op("revert", lambda p: engine.revert(_str(p, "ref")))
-    d.op("archive", lambda p: engine.archive(dry_run=bool(p.get("dry_run", False))))
+    d.op("log", lambda p: engine.log(p.get("n", 20), p.get("scope")))
+    d.op("revert", lambda p: engine.revert(_str(p, "ref"), p.get("scope")))
+    d.op(
+        "archive",
+        lambda p: engine.archive(dry_run=bool(p.get("dry_run", False)), scope=p.get("scope")),
+    )
     d.op("round", lambda p: engine.round(p.get("n", 1)))
     for name, fn in (extra or {}).items():
         d.op(name, fn)
     return d
+
+
+def _seen(p: dict[str, Any]) -> frozenset[str] | None:
+    """The scopes an op that lists (clusters) sees: those the request names, or every
+    scope when it names none (the store's owner looking at the whole store)."""
+    if p.get("scope") is None and not p.get("scopes"):
+        return None
+    return request_scopes(p)
 
 
 def _str(p: dict[str, Any], key: str) -> str:

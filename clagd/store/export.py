@@ -43,18 +43,23 @@ def cluster_markdown(c: Cluster, archived: bool = False) -> str:
     return "\n".join(head + _memory_lines(c.memories, set(c.supersedes.values()))) + "\n"
 
 
-def export_markdown(store: Path, dest: Path, state: StoreState | None = None) -> list[Path]:
+def export_markdown(
+    store: Path, dest: Path, state: StoreState | None = None, scope: str | None = None
+) -> list[Path]:
+    """The clusters (and the unsorted memories) as Markdown files in `dest`; with `scope`,
+    only that scope's (a cluster holds one scope, so whole files are left out)."""
     state = state or load_state(store)
     dest.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for archived, area in ((False, state.clusters), (True, state.archived)):
         folder = dest / "archive" if archived else dest
         folder.mkdir(exist_ok=True)
-        for c in sorted(area.values(), key=lambda c: c.name.lower()):
+        mine = [c for c in area.values() if scope in (None, c.scope)]
+        for c in sorted(mine, key=lambda c: c.name.lower()):
             path = folder / f"{slug(c.name)}-{c.id}.md"
             atomic_write_text(path, cluster_markdown(c, archived), sync_dir=False)
             written.append(path)
-    unsorted = state.unsorted_memories()
+    unsorted = [m for m in state.unsorted_memories() if scope in (None, m.scope)]
     if unsorted:
         path = dest / "unsorted.md"
         text = "# Unsorted\n\nMemories no cluster holds yet.\n\n## Memories\n\n"
