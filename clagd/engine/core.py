@@ -244,6 +244,7 @@ class Engine:
                 log.warning("could not take in the changes made while stopped: %s", exc)
 
     def close(self) -> None:
+        self.writer.closing = True  # a session in progress stops at its next step
         if self.writer.alive():
             try:
                 if not self.writer.read_only:  # a follower never routes (nor commits)

@@ -356,10 +356,15 @@ class SizeResult:
 
     applied: ApplyResult
     more: bool
+    abandoned: bool = False
 
 
 def _size_policy_op(ctx: WriteContext, arg: SizePolicy) -> SizeResult:
-    """One bounded slice of the size policy (`size_policy.size_slice`), applied at once."""
+    """One bounded slice of the size policy (`size_policy.size_slice`), applied at once;
+    none when the daemon is stopping (`abandoned`: the slices done so far are committed,
+    as after a kill, and the next session goes on)."""
+    if ctx.w.closing:
+        return SizeResult(ApplyResult(), more=False, abandoned=True)
     part = size_slice(ctx.state, arg.cfg, memo_for(str(ctx.paths.root)))
     if part.plan is None:
         return SizeResult(ApplyResult(), part.more)
@@ -587,6 +592,9 @@ class _Session:
             self.out.commits += res.commits
             if res.problems or res.invariant_problems:
                 self.out.reasons.append(f"size policy skipped: {res.rejected(2)}")
+                return
+            if part.abandoned:
+                self.out.reasons.append("size policy abandoned: the daemon is stopping")
                 return
             if not part.more or time.monotonic() - self.start > SIZE_SECONDS:
                 return

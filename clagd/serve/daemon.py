@@ -66,6 +66,8 @@ def release_free_memory() -> bool:
 
 
 SWITCH_INTERVAL = 0.0005  # seconds; CPython's default is 0.005
+# after SIGTERM/SIGINT the process is gone within this many seconds, whatever is running
+STOP_SECONDS = 4.5
 
 
 class Daemon:
@@ -529,8 +531,23 @@ class Daemon:
 
     # -- run / stop -------------------------------------------------------------------
     def request_stop(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
-        """The SIGTERM/SIGINT handler: `run` notices and shuts down in order."""
+        """The SIGTERM/SIGINT handler: `run` notices and shuts down in order. Whatever is
+        running, the process is gone within `STOP_SECONDS` (`_stop_overdue`)."""
+        if not self.stop_event.is_set():
+            timer = threading.Timer(STOP_SECONDS, self._stop_overdue)
+            timer.daemon = True
+            timer.start()
         self.stop_event.set()
+
+    @staticmethod
+    def _stop_overdue() -> None:
+        """The orderly stop took too long (a write the writer cannot cut short): exit now,
+        as a kill would. Nothing acknowledged is lost: what was half-written is undone at
+        the next start from the transaction marker (docs/robustness.md), and a session's
+        slices not yet run are the next session's."""
+        log.error("stopping took more than %.0f s: exiting now, as a kill would", STOP_SECONDS)
+        logging.shutdown()
+        os._exit(0)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.request_stop)
@@ -548,6 +565,8 @@ class Daemon:
 
     def shutdown(self) -> None:
         self.stop_event.set()  # nothing may serve or re-create the socket from here on
+        if self.engine is not None:
+            self.engine.writer.closing = True  # a session in progress stops at its next step
         sdnotify.stopping("shutting down")
         log.info("shutting down")
         if self.watchdog is not None:

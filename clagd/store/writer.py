@@ -368,6 +368,8 @@ class Writer(Generic[P]):
         self._q: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
+        # the daemon is stopping: long work (a session's slices) ends at its next step
+        self.closing = False
         self.commits = 0
         self.can_syncfs = True  # until a syncfs call says otherwise
         self.failures = 0
