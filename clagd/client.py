@@ -636,6 +636,34 @@ class Client:
         changed that scope's memories alone."""
         return self.call("revert", ref=ref, scope=self._scope(scope))
 
+    def forget(
+        self,
+        ids: Iterable[str] = (),
+        match: str | None = None,
+        scope: str | None = None,
+        purge: bool = False,
+        force_remote: bool = False,
+    ) -> dict[str, Any]:
+        """Remove memories (by id, or every one whose content contains `match`) from HEAD
+        in one `forget` commit and from every copy the daemon keeps; no revert brings them
+        back. `purge` also rewrites every commit that held their text (history changes:
+        see docs/protocol.md); `force_remote` then force-pushes it to replication.remote."""
+        return self.request(
+            "forget",
+            {
+                k: v
+                for k, v in {
+                    "ids": list(ids) or None,
+                    "match": match,
+                    "scope": self._scope(scope),
+                    "purge": purge or None,
+                    "force_remote": force_remote or None,
+                }.items()
+                if v is not None
+            },
+            timeout=max(self.timeout or 0.0, RECLUSTER_TIMEOUT) if purge else None,
+        )
+
     def recluster(self, wait: bool = True, timeout: float | None = None) -> dict[str, Any]:
         """Run a clustering session now; with `wait`, return its outcome (may take minutes)."""
         if timeout is None and wait:

@@ -58,7 +58,8 @@ Long-term memory for this agent, kept by the clagd daemon. Call `recall` with th
 topic at hand before answering anything that may depend on earlier conversations; it returns a
 short context block of the most relevant memories, grouped by topic. Call `remember` to store
 a fact, preference or outcome worth keeping (one self-contained statement per call). Every
-change is a git commit: `memory_history` lists them and `revert` undoes one."""
+change is a git commit: `memory_history` lists them and `revert` undoes one. `forget` removes
+memories for good when the user asks for it (no revert brings them back)."""
 
 
 MAX_LOG_ENTRIES = 10_000  # the daemon's bound on `log`'s n
@@ -138,6 +139,19 @@ Scope = Annotated[
         description="whose memory (a user, agent or run): a scope name; left out, the "
         "server's scope (its --scope, else default). A server pinned to a scope refuses any "
         "other",
+    ),
+]
+
+ForgetIds = Annotated[
+    list[Annotated[str, Field(pattern=r"^m-[0-9a-f]{16}$")]] | None,
+    Field(max_length=1000, description="memory ids to forget (from recall)"),
+]
+ForgetMatch = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=1000,
+        description="forget every memory whose content contains this text (any case)",
     ),
 ]
 
@@ -262,6 +276,13 @@ class _Tools:
             self.revert_tool(),
             _annotations(
                 "Revert a change", readOnlyHint=False, destructiveHint=True, idempotentHint=False
+            ),
+        )
+        _tool(
+            server,
+            self.forget_tool(),
+            _annotations(
+                "Forget memories", readOnlyHint=False, destructiveHint=True, idempotentHint=False
             ),
         )
 
@@ -407,6 +428,18 @@ class _Tools:
             return await self.forward(lambda: self.client.revert(ref, chosen))
 
         return revert
+
+    def forget_tool(self) -> Callable[..., Any]:
+        async def forget(ids: ForgetIds = None, match: ForgetMatch = None) -> dict[str, Any]:
+            """Remove memories for good, by id (`ids`, from recall) or every one whose
+            content contains `match`: gone from memory and from every later recall, and no
+            revert brings them back (storing the text again is a new memory). Use it when
+            the user asks to forget something. Give `ids` or `match`, not both."""
+            if bool(ids) == bool(match):
+                raise ToolError("forget: give 'ids' (memory ids) or 'match' (a text), one of them")
+            return await self.forward(lambda: self.client.forget(ids or (), match))
+
+        return forget
 
     def register_context(self, server: Any) -> None:
         """A resource (the clusters) and a prompt (a question with recall's context), so

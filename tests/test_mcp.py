@@ -137,6 +137,9 @@ def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
         out["revert"] = await s.call_tool("revert", {"ref": cat_commit})
         out["recall_after"] = await s.call_tool("recall", {"query": "what is the cat called?"})
         out["bad_revert"] = await s.call_tool("revert", {"ref": "0000000000"})
+        out["forget"] = await s.call_tool("forget", {"match": "metric units"})
+        out["recall_forgot"] = await s.call_tool("recall", {"query": "which units?"})
+        out["bad_forget"] = await s.call_tool("forget", {"match": "no such text anywhere"})
         return out
 
     out = run_session(daemon.socket_path, tmp_path / "mcp.err", body)
@@ -151,7 +154,9 @@ def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
         "list_clusters",
         "memory_history",
         "revert",
+        "forget",
     }
+    assert tools["forget"].annotations.destructive_hint is True
     for name in ("recall", "get", "list", "list_clusters", "memory_history"):
         assert tools[name].annotations.read_only_hint is True, name
     assert tools["revert"].annotations.destructive_hint is True
@@ -195,6 +200,11 @@ def test_mcp_tools_end_to_end(daemon: RunningDaemon, tmp_path: Path) -> None:
     assert bad.is_error
     assert "clagd error" in text_of(bad)
 
+    assert not out["forget"].is_error, text_of(out["forget"])
+    assert len(out["forget"].structured_content["forgotten"]) == 1
+    assert "metric" not in text_of(out["recall_forgot"])
+    assert out["bad_forget"].is_error and "not_found" in text_of(out["bad_forget"])
+
     # the MCP process wrote nothing but protocol to stdout, and logged no traceback
     assert "Traceback" not in (tmp_path / "mcp.err").read_text()
 
@@ -205,7 +215,7 @@ def test_tools_explain_a_stopped_daemon(tmp_path: Path) -> None:
 
         async def body(s: ClientSession) -> Any:
             tools = await s.list_tools()  # the server itself starts without a daemon
-            assert {"remember", "update", "recall", "get", "list"} <= {t.name for t in tools.tools}
+            assert {"remember", "update", "recall", "get", "list", "forget"} <= {t.name for t in tools.tools}
             return await s.call_tool("recall", {"query": "anything"})
 
         result = run_session(missing, tmp_path / "mcp.err", body)
@@ -254,7 +264,7 @@ def test_server_info_descriptions_and_output_schemas(tmp_path: Path) -> None:
         init, tools = run_session_info(_params(Path(short) / "x.sock"), tmp_path / "e", body)
     assert init.server_info.name == "clagd"
     assert init.server_info.version == __version__
-    assert {"remember", "update", "recall", "get", "list"} <= {t.name for t in tools}
+    assert {"remember", "update", "recall", "get", "list", "forget"} <= {t.name for t in tools}
     for tool in tools:
         desc = tool.description or ""
         assert desc and desc == inspect.cleandoc(desc), tool.name

@@ -147,6 +147,8 @@ def test_every_op_replies_as_the_doc_says(daemon: InProcessDaemon) -> None:
         call("log", n=5)
         assert session["commits"], session
         call("revert", ref=session["session_id"])
+        call("add", content="The user's PIN is 4321")
+        call("forget", match="pin is 4321")
         call("archive", dry_run=True)
         call("archive")
         call("recluster", wait=False)

@@ -3,11 +3,11 @@ and `eval`). Errors are one line on stderr and a non-zero exit. `base` holds the
 exit statuses and output; each other module adds its commands to `main` when imported:
 `serving` (init, run, follow, sync, install-service, mcp), `memories` (add, import, query,
 export), `reading` (get, list, and query's --where), `inspect` (status, clusters, log),
-`organizing` (revert, recluster, archive) and `models` (backend, doctor, eval, model)."""
+`organizing` (revert, recluster, archive), `forgetting` (forget) and `models` (backend, doctor, eval, model)."""
 
 from __future__ import annotations
 
-from clagd.cli import inspect, memories, models, organizing, reading, serving
+from clagd.cli import forgetting, inspect, memories, models, organizing, reading, serving
 from clagd.cli.base import (
     EXIT_BAD_CONFIG,
     EXIT_ERROR,
@@ -28,6 +28,7 @@ __all__ = [
     "MCP_HINT",
     "Ctx",
     "echo",
+    "forgetting",
     "inspect",
     "main",
     "memories",

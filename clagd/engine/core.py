@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, lookup, summary, updating
+from clagd.engine import forget as forgetting
 from clagd.engine.hooks import EngineHooks, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideChange, OutsideEdits
@@ -30,6 +31,7 @@ from clagd.engine.results import (
     Archived,
     ClusterList,
     ClusterScore,
+    Forgotten,
     Log,
     LogEntry,
     MemoryHit,
@@ -661,9 +663,49 @@ class Engine:
                 )
 
     def _revert_op(self, ctx: WriteContext, shas: list[str]) -> Reverted:
+        before = ctx.state.memory_ids()
         done = history.revert_commits(ctx, shas)
         self.known = ctx.state.memory_ids()
+        gone = before - self.known
+        if gone:  # what a revert took out leaves no copy either (as a forget)
+            self.forget_copies(ctx, gone)
         return Reverted(tuple(shas), tuple(done), ctx.git.head())
+
+    # -- forgetting (engine/forget.py) ----------------------------------------------------
+    def forget(
+        self, ids: list[str] | None = None, match: str | None = None, scope: str | None = None
+    ) -> Forgotten:
+        """Take memories out of HEAD in one `forget` commit, and out of every copy the
+        daemon keeps: the index (rebuilt whole), the query processes, the warm start, the
+        access statistics, the file-text cache, rejected inbox copies."""
+        req = forgetting.ForgetRequest(tuple(ids or ()), match, scope_or_default(scope)).check()
+        result: Forgotten = self.writer.call(self._forget_op, req)
+        self.counters["forgotten"] += len(result.forgotten)
+        return result
+
+    def _forget_op(self, ctx: WriteContext, req: forgetting.ForgetRequest) -> Forgotten:
+        self._outside_op(ctx)  # a hand edit first: the forget rewrites files
+        mems = forgetting.select(ctx, req)
+        sha = forgetting.commit_forget(ctx, req, mems)
+        self.forget_copies(ctx, {m.id for m in mems})
+        redacted = forgetting.redact_rejected(
+            self.paths.inbox / "rejected", forgetting.memory_texts(mems, req.match)
+        )
+        ids = tuple(m.id for m in mems)
+        return Forgotten(ids, sha, ctx.git.head(), req.scope, tuple(redacted))
+
+    def forget_copies(self, ctx: WriteContext, ids: set[str]) -> None:
+        """After a commit that took `ids` out (writer thread): no copy of them stays. The
+        index is rebuilt whole (an incremental change only clears a slot's bit, and keeps
+        its text and terms), so are the query processes' copies; the warm start is saved
+        again (removed when it cannot be)."""
+        self.known -= ids
+        self.fragments.drop(ids)
+        self.stats.forget(ids)
+        ctx.w.publish(StoreChange.whole(ctx.state, ctx.git.head()))
+        self.warmstart.save(ctx, self.index)
+        if self.warmstart.saved_head != self.head:
+            self.warmstart.path.unlink(missing_ok=True)
 
     # -- outside edits --------------------------------------------------------------------
     def check_outside(self) -> OutsideChange | None:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from clagd.engine.forget import (
+    ForgetRequest,
+    commit_forget,
+    forgotten_ids,
+    refuse_forget_revert,
+)
 from clagd.errors import Conflict, StoreError
 from clagd.store.gitrepo import GitStore
+from clagd.store.history import ids_at
 from clagd.store.writer import DATA_DIRS, WriteContext
 
 MEMORY_DIRS = set(DATA_DIRS)
@@ -21,7 +28,8 @@ def commits_for(git: GitStore, ref: str) -> list[str]:
     kinds = {e.commit: e.kind for e in entries}
     reverts: dict[str, list[str]] = {}
     for e in entries:
-        if e.kind == "revert" and e.trailers.get("reverts"):
+        # a forget that undid an ingest git could not revert counts as its revert
+        if e.kind in ("revert", "forget") and e.trailers.get("reverts"):
             reverts.setdefault(e.trailers["reverts"], []).append(e.commit)
     session = (
         []
@@ -29,6 +37,8 @@ def commits_for(git: GitStore, ref: str) -> list[str]:
         else [e.commit for e in entries if e.trailers.get("session") == ref]
     )
     named = [s for s in session if kinds[s] != "revert"] if session else [git.resolve(ref)]
+    for sha in named:
+        refuse_forget_revert(kinds.get(sha, ""), sha)
     shas = [s for s in named if _undone_by(s, reverts) is None]
     if not shas:
         by = _undone_by(named[0], reverts) if named else None
@@ -61,20 +71,31 @@ def _check_inside(git: GitStore, shas: list[str]) -> None:
             )
 
 
+def added_by(git: GitStore, sha: str) -> set[str]:
+    """The memory ids `sha` put into the store (not the ones it only moved): in the files
+    it changed after it, not before it."""
+    entry = git.log(1, sha)[0]
+    if len(entry.parents) != 1:
+        return set()
+    files = [p for p in git.changed_files(sha) if p.split("/")[0] in MEMORY_DIRS]
+    return ids_at(git.root, sha, files) - ids_at(git.root, entry.parents[0], files)
+
+
 def revert_commits(ctx: WriteContext, shas: list[str]) -> list[str]:
     """Revert `shas` in order, one revert commit each (writer thread). All or nothing: when
-    one of several fails, HEAD goes back to where it was and the state is reloaded."""
+    one of several fails, HEAD goes back to where it was and the state is reloaded.
+
+    A revert never brings a forgotten memory back (`forget.forgotten_ids`), and it undoes
+    what the commit added wherever those memories are now: an ingest whose memories a
+    session moved since is reverted by taking them out of their clusters (in the revert
+    commit; as a `forget` commit when git cannot apply the revert at all). A revert that
+    would change nothing is refused with the reason."""
     done: list[str] = []
     start_head = ctx.git.head()
+    forgotten = forgotten_ids(ctx.git)
     try:
         for sha in shas:
-            entry = ctx.git.log(1, sha)[0]
-            new = ctx.revert(
-                sha,
-                f"revert: {entry.subject}"[:200],
-                {"kind": "revert", "reverts": sha, "session": entry.trailers.get("session")},
-            )
-            done.append(new)
+            done.append(_revert_one(ctx, sha, forgotten))
     except (Conflict, StoreError):
         if done and start_head:
             ctx.git.run("reset", "-q", "--hard", start_head)
@@ -82,6 +103,26 @@ def revert_commits(ctx: WriteContext, shas: list[str]) -> list[str]:
             ctx.reload_all()
         raise
     return done
+
+
+def _revert_one(ctx: WriteContext, sha: str, forgotten: set[str]) -> str:
+    entry = ctx.git.log(1, sha)[0]
+    live = ctx.state.memory_ids()
+    added = added_by(ctx.git, sha)
+    keep_out = frozenset((forgotten - live) | added)
+    trailers = {"kind": "revert", "reverts": sha, "session": entry.trailers.get("session")}
+    try:
+        return ctx.revert(sha, f"revert: {entry.subject}"[:200], trailers, keep_out)
+    except Conflict as exc:
+        moved = added & live
+        if entry.kind != "ingest" or not moved or exc.code == "nothing_to_revert":
+            raise
+        # git cannot undo an ingest whose files changed since: its memories go (a forget)
+        mems = [m for m, _a, _k in ctx.state.all_memories() if m.id in moved]
+        new = commit_forget(ctx, ForgetRequest(reverts=sha), mems)
+        if new is None:
+            raise
+        return new
 
 
 def looks_like_sha(ref: str) -> bool:

@@ -249,6 +249,37 @@ class Reverted:
 
 
 @dataclass(frozen=True)
+class Forgotten:
+    """`forget`: the memories removed (ids), the forget commit, HEAD after, and the
+    rejected inbox files whose copies of the text were replaced by `[forgotten]`."""
+
+    forgotten: tuple[str, ...]
+    commit: str | None
+    head: str | None
+    scope: str
+    rejected_redacted: tuple[str, ...] = ()
+    purge: Purged | None = None
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """One commit a purge rewrote: its id before and after."""
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What `forget --purge` did to history."""
+
+    rewritten: tuple[Rewritten, ...]
+    seconds: float
+    pushed: str = ""
+    remote_note: str = ""
+
+
+@dataclass(frozen=True)
 class Archived:
     """`archive`: the cold clusters moved to `archive/` (or, `dry_run`, only listed)."""
 

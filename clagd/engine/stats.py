@@ -71,6 +71,14 @@ class AccessStats:
         with self._lock:
             return [k for k, _ in sorted(self.memories.items(), key=lambda kv: -kv[1][0])[:n]]
 
+    def forget(self, memory_ids: set[str]) -> None:
+        """Drop these memories' entries and save at once (a forget leaves no trace here)."""
+        with self._lock:
+            for mid in memory_ids:
+                self.memories.pop(mid, None)
+            self._dirty = True
+        self.save()
+
     def save(self) -> bool:
         with self._lock:
             if not self._dirty:

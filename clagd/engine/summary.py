@@ -24,6 +24,7 @@ COUNTERS = (
     "archived",
     "thawed",
     "reverts",
+    "forgotten",
     "outside_edits",
     "outside_edit_errors",
     "routed",

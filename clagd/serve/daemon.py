@@ -405,7 +405,7 @@ class Daemon:
 
     def _dispatcher(self, eng: Engine) -> Dispatcher:
         d = build_dispatcher(eng, {"recluster": self._recluster, "sync": self._sync})
-        for op in ("add", "update", "revert", "recluster", "archive", "status", "sync"):
+        for op in ("add", "update", "forget", "revert", "recluster", "archive", "status", "sync"):
             d.op(op, self._caught_up(d.ops[op]))
         if self.follow:
             for op in WRITE_OPS:

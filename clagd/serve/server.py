@@ -371,6 +371,7 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
         "archive",
         lambda p: engine.archive(dry_run=bool(p.get("dry_run", False)), scope=p.get("scope")),
     )
+    d.op("forget", lambda p: engine.forget(_ids(p), _opt_str(p, "match"), _opt_str(p, "scope")))
     d.op("round", lambda p: engine.round(p.get("n", 1)))
     for name, fn in (extra or {}).items():
         d.op(name, fn)
@@ -390,6 +391,22 @@ def _str(p: dict[str, Any], key: str) -> str:
     if not isinstance(v, str):
         raise BadRequest(f"'{key}' must be a string")
     return v
+
+
+def _opt_str(p: dict[str, Any], key: str) -> str | None:
+    v = p.get(key)
+    if v is not None and not isinstance(v, str):
+        raise BadRequest(f"'{key}' must be a string")
+    return v
+
+
+def _ids(p: dict[str, Any]) -> list[str] | None:
+    v = p.get("ids")
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise BadRequest("'ids' must be a list of memory ids (strings)")
+    return list(v)
 
 
 ADD_SOURCES = ("socket", "import")  # what a client may name as where its memories came from

@@ -504,6 +504,11 @@ class Fragments:
         """Forget every text (after a history rewrite: none of the removed may stay)."""
         self._items.clear()
 
+    def drop(self, mids: set[str]) -> None:
+        """Forget these memories' texts (they were forgotten)."""
+        for mid in mids:
+            self._items.pop(mid, None)
+
     def remember(self, fragments: dict[str, Fragment]) -> None:
         """Take the list items that store files hold as they are (`parse_files(...,
         fragments=True)`): after a start from the files, a cluster file that one routed

@@ -165,8 +165,22 @@ class GitStore(Commits):
             self.run("revert", "--no-commit", "--no-edit", full)
         except GitFailed as exc:
             self.revert_abort()
-            raise Conflict(f"cannot revert {full[:10]}: {first_line(exc.stderr)}") from None
+            raise Conflict(
+                f"cannot revert {full[:10]}: {first_line(exc.stderr)}{self._later(full)}"
+            ) from None
         return full
+
+    def _later(self, full: str) -> str:
+        """Why a revert conflicts, in words: the later commits that changed its files."""
+        files = self.changed_files(full)
+        if not files:
+            return ""
+        out = self.run("log", "--format=%H %s", f"{full}..HEAD", "--", *files)
+        later = [line[:10] + line[40:] for line in out.splitlines() if line.strip()]
+        if not later:
+            return ""
+        names = "; ".join(later[:3]) + (f"; and {len(later) - 3} more" if len(later) > 3 else "")
+        return f" (later commits changed the same files: {names})"
 
     def revert_abort(self) -> None:
         self.succeeds("revert", "--abort")
@@ -185,6 +199,11 @@ class GitStore(Commits):
         files = sorted(set(self.changed_files(full)) | set(paths or []))
         tree = self.build_tree(self.base, files)
         return self.commit_tree(tree, self.base, msg)
+
+    def staged_differ(self, rel_paths: list[str]) -> bool:
+        """Whether the index holds a change to any of these paths against HEAD."""
+        out = self.run("diff", "--cached", "--no-renames", "--name-only", "HEAD", "--", *rel_paths)
+        return bool(out.strip())
 
     def staged_files(self) -> list[str]:
         out = self.run("diff", "--cached", "--no-renames", "--name-only", "-z", "HEAD")

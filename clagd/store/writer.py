@@ -28,6 +28,7 @@ from clagd.errors import Conflict, HeadMoved, Paused, ReadOnly, StoreError
 from clagd.libc import syncfs
 from clagd.model import Memory
 from clagd.store.changes import DATA_DIRS, StoreChange, read_changes, unsorted_change
+from clagd.store.drop import drop_memories
 from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
 from clagd.store.files import (
     Fragments,
@@ -240,13 +241,23 @@ class WriteContext:
         atomic_write_text(path, text, sync_dir=False, fsync=fsync)
         self._blobs[rel] = blob_id(data)
 
-    def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:
+    def revert(
+        self,
+        sha: str,
+        subject: str,
+        trailers: dict[str, Any],
+        keep_out: frozenset[str] = frozenset(),
+    ) -> str:
         """git revert one commit, then reload exactly the files it touched.
 
         The revert is checked before it is committed: a revert that git applies cleanly can
         still make an invalid store (a memory that moved on since comes back to its old
         place too, and is then stored twice); such a revert is refused like a conflict.
-        The transaction marker makes a revert killed half-way be undone at start-up."""
+        `keep_out`: memory ids the result must not hold (forgotten ones, and the ones the
+        reverted commit added that moved on since): taken out of the files the revert
+        staged and of any other file holding them, in the same revert commit. A revert
+        that changes nothing is refused (Conflict `nothing_to_revert`), never committed
+        empty. The transaction marker makes a revert killed half-way be undone at start-up."""
         w = self.w
         w.check_writable()
         w.begin_txn(subject)
@@ -258,17 +269,53 @@ class WriteContext:
             raise
         staged = [p for p in w.git.staged_files() if p not in before]
         try:
-            read_changes(self.paths.root, w.state, staged)
+            candidate, _ = read_changes(self.paths.root, w.state, staged)
+            staged += self._keep_out(candidate, keep_out)
         except StoreError as exc:
             w.git.revert_abort()
             w.end_txn()
             raise Conflict(
                 f"cannot revert {full[:10]}: the result would be invalid: {exc}"
             ) from None
+        if not staged or not w.git.staged_differ(staged):
+            w.git.revert_abort()
+            w.end_txn()
+            raise Conflict(
+                f"reverting {full[:10]} changes nothing: what it did was undone or moved on "
+                "by later commits, and none of its memories is still served",
+                "nothing_to_revert",
+            )
         new = w.git.revert_commit(full, subject, trailers, staged)
         w.end_txn()
         self.reload_paths(w.git.changed_files(new), commit=new)
         return new
+
+    def _keep_out(self, candidate: StoreState, ids: frozenset[str]) -> list[str]:
+        """Take `ids` out of the revert's result `candidate`: the files that held them
+        written again and staged. Returns those files' paths."""
+        root, paths = self.paths.root, self.paths
+        hit = ids & candidate.memory_ids()
+        if not hit:
+            return []
+        marked: list[tuple[str, str]] = []
+        drop_memories(candidate, hit, lambda area, key: marked.append((area, key)))
+        rels = []
+        for area, key in marked:
+            if area == "unsorted":
+                mems = candidate.unsorted.get(key) or []
+                path = paths.shard_file(key)
+                text = shard_yaml(mems, self.w.fragments) if mems else None
+            else:
+                group = candidate.archived if area == "archive" else candidate.clusters
+                path = paths.cluster_file(key, archived=area == "archive")
+                text = cluster_yaml(group[key], self.w.fragments) if key in group else None
+            if text is None:
+                path.unlink(missing_ok=True)
+            else:
+                atomic_write_text(path, text, sync_dir=False)
+            rels.append(str(path.relative_to(root)))
+        self.git.run("add", "-A", "--", *rels)
+        return rels
 
     def reload_paths(
         self, rel_paths: list[str], commit: str | None = None, settled: bool = False

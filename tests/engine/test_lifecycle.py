@@ -141,15 +141,20 @@ def test_revert_that_conflicts_is_refused_and_leaves_the_store_as_it_was(
 ) -> None:
     with daemon.client() as c:
         first = c.add_many([{"content": t} for t in TOPICS["garden"]])
-        c.recluster()  # moves the memories out of the first batch's shard
+        session = c.recluster()  # moves the memories out of the first batch's shard
+        c.forget(ids=first["ids"][:1])  # and a later commit changes the session's cluster
         head = git(daemon.root, "rev-parse", "HEAD")
         tree = _tree(daemon.root)
         with pytest.raises(ClientError) as exc:
-            c.revert(first["commit"])
+            c.revert(session["session_id"])
         assert exc.value.code == "conflict"
+        assert "later commits changed the same files" in exc.value.message
         assert git(daemon.root, "rev-parse", "HEAD") == head and _tree(daemon.root) == tree
         assert git(daemon.root, "status", "--porcelain", "--", "clusters", "unsorted") == ""
         assert c.ping()["pong"]
+        # the ingest itself is undone wherever its memories went since (issue 24)
+        res = c.revert(first["commit"])
+        assert res["reverted"] and head_contents(daemon.root) == []
 
 
 def test_hand_edits_while_running(daemon: InProcessDaemon) -> None:

@@ -1,0 +1,203 @@
+"""Forgetting: memories taken out of HEAD in one `forget` commit, and kept out for good.
+
+A forget commit (trailer `Clagd-Kind: forget`) lists the ids it removed in its
+`Clagd-Forgotten` trailer and never quotes their text. That trailer, read back from the
+branch's history (`forgotten_ids`), is the record every later `revert` consults: a revert of
+an older commit (an ingest, a session, an archive, a route pass) that would put a forgotten
+memory back into a file leaves it out. Only a new, explicit add stores the text again.
+The engine's side of a forget (the index rebuilt whole, the warm start saved again, the
+access statistics and the file-text cache cleared of the ids) is `Engine._forget_op`;
+`--purge` (the text out of history too) is `engine/purge.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from clagd.errors import BadRequest, Conflict, NotFound
+from clagd.model import MEMORY_ID_RE, Cluster, Memory
+from clagd.scopes import DEFAULT_SCOPE, check_scope, scopes_trailer
+from clagd.store.drop import drop_memories
+from clagd.store.gitrepo import GitStore
+from clagd.store.writer import WriteContext
+
+MAX_IDS = 10_000  # ids one forget takes (a trailer line, and a request, stay bounded)
+MAX_MATCH = 1_000  # characters of a --match text
+REDACTED = "[forgotten]"
+
+
+@dataclass(frozen=True)
+class ForgetRequest:
+    """What to forget: ids, or every memory whose content contains `match` (case-folded),
+    in `scope`. `reverts`: the commit whose memories this forget undoes (a revert that git
+    could not apply: the memories moved on since)."""
+
+    ids: tuple[str, ...] = ()
+    match: str | None = None
+    scope: str = DEFAULT_SCOPE
+    reverts: str | None = None
+
+    def check(self) -> ForgetRequest:
+        check_scope(self.scope)
+        if bool(self.ids) == bool(self.match):
+            raise BadRequest("'forget' needs 'ids' (a list of memory ids) or 'match' (a text)")
+        if len(self.ids) > MAX_IDS:
+            raise BadRequest(f"'ids' holds {len(self.ids)} ids; at most {MAX_IDS} per forget")
+        for mid in self.ids:
+            if not isinstance(mid, str) or not MEMORY_ID_RE.match(mid):
+                raise BadRequest(f"'{str(mid)[:80]}' is not a memory id (m- and 16 hex digits)")
+        if self.match is not None:
+            if not isinstance(self.match, str) or not self.match.strip():
+                raise BadRequest("'match' must be a non-empty text")
+            if len(self.match) > MAX_MATCH:
+                raise BadRequest(f"'match' is {len(self.match)} characters; at most {MAX_MATCH}")
+        return self
+
+
+def select(ctx: WriteContext, req: ForgetRequest) -> list[Memory]:
+    """The memories `req` names, in HEAD's state (writer thread). An id that is not there
+    (or is another scope's) is refused, naming it; so is a match that finds nothing."""
+    state = ctx.state
+    if req.ids:
+        found = state.locate_many(req.ids)
+        missing = [mid for mid in req.ids if mid not in found or found[mid][2].scope != req.scope]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise NotFound(f"no memory {missing[0]} in scope {req.scope}{more}: nothing forgotten")
+        seen: dict[str, Memory] = {mid: found[mid][2] for mid in req.ids}
+        return list(seen.values())
+    needle = str(req.match).casefold()
+    out = {
+        m.id: m
+        for m, _area, _key in state.all_memories()
+        if needle in m.content.casefold() and m.scope == req.scope
+    }
+    if not out:
+        raise NotFound(f"no memory in scope {req.scope} contains '{req.match}': nothing forgotten")
+    return list(out.values())
+
+
+def remove_from_state(ctx: WriteContext, mems: list[Memory]) -> None:
+    """Take `mems` out of every file that holds them (each file marked first); a cluster
+    they leave keeps no word of theirs in its name, description or tags."""
+    touch = {
+        "cluster": ctx.touch_cluster,
+        "archive": ctx.touch_archive,
+        "unsorted": ctx.touch_shard,
+    }
+    marked: list[tuple[str, str]] = []
+
+    def mark(area: str, key: str) -> None:
+        touch[area](key)
+        marked.append((area, key))
+
+    drop_memories(ctx.state, {m.id for m in mems}, mark)
+    state = ctx.state
+    for area, key in marked:
+        group = state.clusters if area == "cluster" else state.archived
+        if area != "unsorted" and key in group:
+            group[key] = scrub_labels(group[key], mems)
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def scrub_labels(c: Cluster, gone: list[Memory]) -> Cluster:
+    """`c` without the words of its labels that only the forgotten memories had (a name
+    the lexical organizer made from them would keep them): such a word is dropped from the
+    name, the description and the tags."""
+    kept = {w.casefold() for m in c.memories for w in _WORD.findall(m.content)}
+    only = {w.casefold() for m in gone for w in _WORD.findall(m.content)} - kept
+    if not only:
+        return c
+
+    def clean(text: str) -> str:
+        out = _WORD.sub(lambda mo: "" if mo.group(0).casefold() in only else mo.group(0), text)
+        return " ".join(out.split())
+
+    name = clean(c.name) or "Notes"
+    tags = [t for t in (clean(t) for t in c.tags) if t]
+    if (name, tags, clean(c.description)) == (c.name, c.tags, c.description):
+        return c
+    return replace(c, name=name, description=clean(c.description), tags=tags)
+
+
+def commit_forget(ctx: WriteContext, req: ForgetRequest, mems: list[Memory]) -> str | None:
+    """The forget commit: ids only, never the text (a purge rewrites the commits that hold
+    it; this one must not be one of them)."""
+    ids = [m.id for m in mems]
+    remove_from_state(ctx, mems)
+    n = len(ids)
+    body = [f"- {mid}" for mid in ids[:50]]
+    if n > 50:
+        body.append(f"- ... and {n - 50} more (all in the Clagd-Forgotten trailer)")
+    why = f"reverts {req.reverts[:10]} (its memories had moved on)" if req.reverts else ""
+    subject = f"forget: {n} memor{'y' if n == 1 else 'ies'}" + (f" ({why})" if why else "")
+    return ctx.commit(
+        subject,
+        "\n".join(body),
+        {
+            "kind": "forget",
+            "reverts": req.reverts,
+            **scopes_trailer(m.scope for m in mems),
+            "forgotten": " ".join(ids),
+        },
+    )
+
+
+def forgotten_ids(git: GitStore) -> set[str]:
+    """Every id a forget commit on the branch's history removed: the record `revert`
+    consults so that no revert brings one back."""
+    if not git.head():
+        return set()
+    out = git.run(
+        "log",
+        "-F",
+        "--grep=Clagd-Kind: forget",
+        "--format=%(trailers:key=Clagd-Forgotten,valueonly,unfold)",
+        "HEAD",
+    )
+    return {t for t in out.split() if MEMORY_ID_RE.match(t)}
+
+
+def redact_rejected(rejected: Path, texts: list[str]) -> list[str]:
+    """Rejected inbox files (and their `.error` notes) that hold one of `texts`: each
+    occurrence replaced by `[forgotten]`, the rest of the file kept (nothing else the
+    person gave is lost). Returns the names of the files changed."""
+    if not texts or not rejected.is_dir():
+        return []
+    pattern = re.compile(
+        "|".join(re.escape(t) for t in sorted(set(texts), key=len, reverse=True)), re.IGNORECASE
+    )
+    changed = []
+    for path in sorted(rejected.iterdir()):
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            continue
+        new = pattern.sub(REDACTED, text)
+        if new != text:
+            path.write_text(new, encoding="utf-8", errors="surrogateescape")
+            changed.append(path.name)
+    return changed
+
+
+def refuse_forget_revert(kind: str, sha: str) -> None:
+    if kind == "forget":
+        raise Conflict(
+            f"{sha[:10]} is a forget: a forgotten memory is not brought back by revert "
+            "(add it again if you mean it)",
+            "forgotten",
+        )
+
+
+def memory_texts(mems: list[Memory], match: str | None) -> list[str]:
+    """What a forget must leave no copy of: each memory's text, and the match."""
+    out = [m.content for m in mems]
+    if match:
+        out.append(match)
+    return out
