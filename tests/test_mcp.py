@@ -215,7 +215,9 @@ def test_tools_explain_a_stopped_daemon(tmp_path: Path) -> None:
 
         async def body(s: ClientSession) -> Any:
             tools = await s.list_tools()  # the server itself starts without a daemon
-            assert {"remember", "update", "recall", "get", "list", "forget"} <= {t.name for t in tools.tools}
+            assert {"remember", "update", "recall", "get", "list", "forget"} <= {
+                t.name for t in tools.tools
+            }
             return await s.call_tool("recall", {"query": "anything"})
 
         result = run_session(missing, tmp_path / "mcp.err", body)
