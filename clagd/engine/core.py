@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, lookup, summary, updating
 from clagd.engine import forget as forgetting
+from clagd.engine.forget import ForgetRequest
 from clagd.engine.hooks import EngineHooks, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideChange, OutsideEdits
+from clagd.engine.purge import run_purge
 from clagd.engine.recovery import recover
 from clagd.engine.results import (
     Added,
@@ -37,6 +39,7 @@ from clagd.engine.results import (
     MemoryHit,
     MemoryList,
     MemoryRecord,
+    Purged,
     QueryResult,
     Reverted,
     Rounds,
@@ -673,12 +676,20 @@ class Engine:
 
     # -- forgetting (engine/forget.py) ----------------------------------------------------
     def forget(
-        self, ids: list[str] | None = None, match: str | None = None, scope: str | None = None
+        self,
+        ids: list[str] | None = None,
+        match: str | None = None,
+        scope: str | None = None,
+        purge: bool = False,
+        force_remote: bool = False,
     ) -> Forgotten:
         """Take memories out of HEAD in one `forget` commit, and out of every copy the
         daemon keeps: the index (rebuilt whole), the query processes, the warm start, the
-        access statistics, the file-text cache, rejected inbox copies."""
-        req = forgetting.ForgetRequest(tuple(ids or ()), match, scope_or_default(scope)).check()
+        access statistics, the file-text cache, rejected inbox copies. `purge`: out of
+        every commit of history too (engine/purge.py)."""
+        req = forgetting.ForgetRequest(
+            tuple(ids or ()), match, scope_or_default(scope), None, purge, force_remote
+        ).check()
         result: Forgotten = self.writer.call(self._forget_op, req)
         self.counters["forgotten"] += len(result.forgotten)
         return result
@@ -692,7 +703,26 @@ class Engine:
             self.paths.inbox / "rejected", forgetting.memory_texts(mems, req.match)
         )
         ids = tuple(m.id for m in mems)
-        return Forgotten(ids, sha, ctx.git.head(), req.scope, tuple(redacted))
+        purged = self._purge(ctx, mems, req) if req.purge else None
+        if purged is not None:
+            sha = next((r.new for r in purged.rewritten if r.old == sha), sha)
+        return Forgotten(ids, sha, ctx.git.head(), req.scope, tuple(redacted), purged)
+
+    def _purge(self, ctx: WriteContext, mems: list[Memory], req: ForgetRequest) -> Purged:
+        """History rewritten without `mems` (writer thread: every write waits), then the
+        warm start saved at the new head. `git gc --auto` does not run meanwhile."""
+        self.packer.stop(timeout=600)
+        try:
+            rep = self.config.replication
+            branch = rep.branch or self.git.branch
+            done = run_purge(ctx, mems, req.match, (rep.remote, branch, req.force_remote))
+        finally:
+            self.packer.resume()
+        self.head = ctx.git.head()
+        self.warmstart.save(ctx, self.index)
+        if self.warmstart.saved_head != self.head:
+            self.warmstart.path.unlink(missing_ok=True)
+        return done
 
     def forget_copies(self, ctx: WriteContext, ids: set[str]) -> None:
         """After a commit that took `ids` out (writer thread): no copy of them stays. The

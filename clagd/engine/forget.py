@@ -38,9 +38,13 @@ class ForgetRequest:
     match: str | None = None
     scope: str = DEFAULT_SCOPE
     reverts: str | None = None
+    purge: bool = False
+    force_remote: bool = False
 
     def check(self) -> ForgetRequest:
         check_scope(self.scope)
+        if self.force_remote and not self.purge:
+            raise BadRequest("'force_remote' pushes a purge: it needs 'purge'")
         if bool(self.ids) == bool(self.match):
             raise BadRequest("'forget' needs 'ids' (a list of memory ids) or 'match' (a text)")
         if len(self.ids) > MAX_IDS:

@@ -371,7 +371,16 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
         "archive",
         lambda p: engine.archive(dry_run=bool(p.get("dry_run", False)), scope=p.get("scope")),
     )
-    d.op("forget", lambda p: engine.forget(_ids(p), _opt_str(p, "match"), _opt_str(p, "scope")))
+    d.op(
+        "forget",
+        lambda p: engine.forget(
+            _ids(p),
+            _opt_str(p, "match"),
+            _opt_str(p, "scope"),
+            purge=bool(p.get("purge", False)),
+            force_remote=bool(p.get("force_remote", False)),
+        ),
+    )
     d.op("round", lambda p: engine.round(p.get("n", 1)))
     for name, fn in (extra or {}).items():
         d.op(name, fn)

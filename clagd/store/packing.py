@@ -179,6 +179,11 @@ class ObjectPacker:
         elif result != "nothing to pack":
             log.info("git gc --auto: %s", result)
 
+    def resume(self) -> None:
+        """Runs are due again (after a `stop` that only paused them: a history rewrite)."""
+        with self._lock:
+            self._next = time.monotonic() + min(self.interval, 60.0)
+
     def stop(self, timeout: float = 2.0) -> None:
         """Let a running gc finish for up to `timeout` seconds, else stop it (git leaves only
         a temporary pack behind, which the next gc removes)."""

@@ -1,0 +1,160 @@
+"""`forget --purge`: forgotten memories taken out of every commit of the store's history.
+
+`rewrite_history` runs git-filter-repo (the PyPI package `git-filter-repo`) in a child
+process (`python -m clagd.store.purge`, the spec on its stdin: the text never touches a
+file) over every ref: each store file (a YAML mapping with a `memories` list) that holds a
+forgotten id loses that memory and every supersedes link to it; any other file, and every
+commit message (an ingest's body quotes the first 72 characters of each memory), has each
+forgotten text and id replaced by `(forgotten)`. Then every reflog is expired and every object no
+ref reaches is pruned (`git gc --prune=now`), so neither `git log -p --all`, `git grep`
+over `git rev-list --all`, loose objects nor packs hold a trace. Returns which commits got
+new ids (old -> new, from filter-repo's commit map, which is removed after it is read).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clagd.errors import StoreError
+from clagd.yamlio import YamlError, dumps, loads
+
+REDACTED = "(forgotten)"
+TIMEOUT = 3600.0
+
+
+@dataclass(frozen=True)
+class PurgeSpec:
+    """What to purge: memory ids (their items leave every store file) and texts (replaced
+    wherever else they appear, in any case)."""
+
+    ids: tuple[str, ...]
+    texts: tuple[str, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"ids": list(self.ids), "texts": list(self.texts)})
+
+
+def _pattern(texts: list[str]) -> re.Pattern[bytes] | None:
+    parts = sorted({t.encode("utf-8") for t in texts if t.strip()}, key=len, reverse=True)
+    if not parts:
+        return None
+    return re.compile(b"|".join(re.escape(p) for p in parts), re.IGNORECASE)
+
+
+def scrub_store_file(data: Any, ids: set[str]) -> bool:
+    """Drop the memories `ids` (and supersedes links to them) from a parsed store file, in
+    place. Returns whether it is a store file (a mapping with a `memories` list)."""
+    if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
+        return False
+    data["memories"] = [
+        m for m in data["memories"] if not (isinstance(m, dict) and str(m.get("id")) in ids)
+    ]
+    links = data.get("supersedes")
+    if isinstance(links, dict):
+        kept = {k: v for k, v in links.items() if str(k) not in ids and str(v) not in ids}
+        if kept:
+            data["supersedes"] = kept
+        else:
+            data.pop("supersedes")
+    return True
+
+
+def scrub_blob(raw: bytes, ids: set[str], pattern: re.Pattern[bytes] | None) -> bytes:
+    """One blob without the forgotten memories and texts."""
+    if any(i.encode() in raw for i in ids):
+        try:
+            data = loads(raw.decode("utf-8"))
+        except (YamlError, ValueError, UnicodeDecodeError, RecursionError):
+            data = None
+        if data is not None and scrub_store_file(data, ids):
+            raw = dumps(data).encode("utf-8")
+    if pattern is not None:
+        raw = pattern.sub(REDACTED.encode(), raw)
+    return raw
+
+
+def _worker() -> None:
+    """The child process: read the spec from stdin and run git-filter-repo in the cwd."""
+    import git_filter_repo as fr  # the PyPI package `git-filter-repo`
+
+    spec = json.loads(sys.stdin.read())
+    ids = set(spec["ids"])
+    pattern = _pattern(spec["texts"])
+
+    def blob_callback(blob: Any, _meta: Any) -> None:
+        blob.data = scrub_blob(blob.data, ids, pattern)
+
+    def message_callback(message: bytes) -> bytes:
+        return pattern.sub(REDACTED.encode(), message) if pattern is not None else message
+
+    # --partial: no migration of refs/remotes/origin, the remote kept, no automatic gc (the
+    # caller expires reflogs and prunes itself, and reads the commit map first)
+    # --prune-empty never: a commit left without a change stays (its subject, its trailers,
+    # the ids in them replaced: the history keeps that something was added and forgotten)
+    args = fr.FilteringOptions.parse_args(
+        ["--force", "--partial", "--quiet", "--prune-empty", "never"]
+    )
+    fr.RepoFilter(args, blob_callback=blob_callback, message_callback=message_callback).run()
+
+
+def rewrite_history(root: Path, spec: PurgeSpec) -> list[tuple[str, str]]:
+    """Rewrite every ref of the repository at `root` without `spec`'s memories and texts,
+    then expire every reflog and prune every unreachable object. Returns (old, new) of each
+    commit that changed, in the commit map's order. StoreError when git-filter-repo is
+    missing or fails (the repository is then as git-filter-repo left it: its refs either
+    all old or all new, fast-import updating them at its end)."""
+    try:
+        import git_filter_repo  # noqa: F401 - only whether it is installed
+    except ImportError:
+        raise StoreError(
+            "forget --purge needs the git-filter-repo package: pip install git-filter-repo"
+        ) from None
+    meta = root / ".git" / "filter-repo"
+    shutil.rmtree(meta, ignore_errors=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "clagd.store.purge"],
+        cwd=root,
+        input=spec.to_json(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise StoreError(f"history rewrite (git-filter-repo) failed: {why[:300]}")
+    changed = _commit_map(meta / "commit-map")
+    shutil.rmtree(meta, ignore_errors=True)
+    for args in (
+        ["reflog", "expire", "--expire=now", "--expire-unreachable=now", "--all"],
+        ["gc", "-q", "--prune=now"],
+    ):
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise StoreError(f"git {args[0]} after the rewrite failed: {done.stderr.strip()}")
+    return changed
+
+
+def _commit_map(path: Path) -> list[tuple[str, str]]:
+    try:
+        lines = path.read_text(encoding="ascii").splitlines()[1:]  # after the header
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        old, _, new = line.partition(" ")
+        new = new.strip()
+        if old and new and old != new:
+            out.append((old, new))
+    return out
+
+
+if __name__ == "__main__":
+    _worker()

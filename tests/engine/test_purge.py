@@ -1,0 +1,111 @@
+"""Issue 24, `forget --purge`: the text leaves history too. A real daemon process on a real
+socket, a real git repository (and a bare remote it replicates to); every place git keeps
+text is searched: `git log -p --all --reflog`, `git grep` over `git rev-list --all`, every
+object loose or packed (`cat-file --batch-all-objects`), and every file of the store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from click.testing import CliRunner
+from helpers import DaemonProcess, git, head_contents, make_store, wait_for
+
+from clagd.cli import main
+
+SECRET = "9731-SECRET"
+PIN = f"The user's PIN is {SECRET}"
+
+
+def _cli(d: DaemonProcess, *args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(main, ["--store", str(d.root), "--socket", str(d.socket), *args])
+    return res.exit_code, res.output
+
+
+def assert_no_trace(gitdir_or_root: Path, needle: str, files: bool = True) -> None:
+    root = gitdir_or_root
+    objects = subprocess.run(
+        ["git", "-C", str(root), "cat-file", "--batch-all-objects", "--batch"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert needle.encode() not in objects, "an object (loose or packed) holds the text"
+    revs = git(root, "rev-list", "--all").split()
+    grep = subprocess.run(["git", "-C", str(root), "grep", "-q", "-i", needle, *revs])
+    assert grep.returncode == 1, "git grep over rev-list --all finds the text"
+    log = git(root, "log", "-p", "--all", "--reflog")
+    assert needle not in log, "git log -p --all --reflog shows the text"
+    if not files:
+        return
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath) / name
+            if path.is_file() and not path.is_symlink():
+                assert needle.encode() not in path.read_bytes(), f"{path} holds the text"
+
+
+def _bare(path: Path) -> Path:
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(path)], check=True)
+    return path
+
+
+def _pushed(bare: Path, head: str) -> bool:
+    out = subprocess.run(
+        ["git", "--git-dir", str(bare), "rev-parse", "-q", "--verify", "refs/heads/main"],
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() == head
+
+
+def test_purge_leaves_no_trace_in_history(tmp_path: Path, short_tmp: Path) -> None:
+    bare = _bare(tmp_path / "remote.git")
+    cfg = {"replication": {"remote": str(bare), "retry_seconds": 1}}
+    d = DaemonProcess(make_store(tmp_path / "memory", cfg), short_tmp / "s.sock").start()
+    try:
+        with d.client() as c:
+            c.add_many([{"content": PIN}, {"content": "The user's bank is Nordbank"}])
+            c.recluster()  # the PIN now also in a cluster file, in a second commit
+            c.add("The user likes green tea")
+            assert SECRET in c.query("PIN").context
+            pin_id = next(m.id for m in c.query("PIN").memories if SECRET in m.content)
+            before = {line.split()[0] for line in git(d.root, "log", "--format=%H").splitlines()}
+            wait_for(lambda: _pushed(bare, git(d.root, "rev-parse", "HEAD").strip()), 30, "push")
+        # no terminal and no --yes: the warning, and nothing happens
+        code, out = _cli(d, "forget", "--match", "pin is 9731", "--purge")
+        assert code == 2 and "rewrites the store's git history" in out and "--yes" in out
+        assert SECRET in git(d.root, "log", "-p", "--all")
+        code, out = _cli(d, "forget", "--match", "pin is 9731", "--purge", "--yes")
+        assert code == 0, out
+        assert "commit(s) rewritten (old -> new)" in out
+        assert "still holds the old history" in out  # no --force-remote: the remote untouched
+        after = {line.split()[0] for line in git(d.root, "log", "--format=%H").splitlines()}
+        assert before - after, "no commit was rewritten"
+        assert_no_trace(d.root, SECRET, files=False)
+        assert pin_id not in git(d.root, "log", "--all", "--format=%B")  # nor its id
+        assert SECRET in git(bare, "log", "-p", "--all")  # the remote keeps it, as said
+        with d.client() as c:
+            assert SECRET not in c.query("PIN").context
+            assert c.status()["head"] == git(d.root, "rev-parse", "HEAD").strip()
+            # the daemon writes on the rewritten branch as ever
+            c.add("The user's dog is called Rex")
+            assert "Rex" in c.query("dog").context
+        # with --force-remote the remote gets the rewrite (with a lease)
+        _cli(d, "add", "The user's second secret is 5555-SECRET")
+        code, out = _cli(
+            d, "forget", "--match", "5555-SECRET", "--purge", "--yes", "--force-remote"
+        )
+        assert code == 0 and f"force-pushed to {bare}" in out, out
+        assert "9731" not in git(bare, "log", "-p", "--all")
+        assert _pushed(bare, git(d.root, "rev-parse", "HEAD").strip())
+        assert d.terminate() == 0  # a clean stop: warm start and statistics saved
+        assert_no_trace(d.root, SECRET)  # every file too: warm start, stats, working tree
+        assert "The user likes green tea" in head_contents(d.root)
+        d.start()  # starts from the warm start saved at the rewritten head
+        with d.client() as c:
+            assert c.status()["load_source"] == "warmstart"
+            assert "green tea" in c.query("tea").context
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.kill()
