@@ -48,6 +48,25 @@ from clagd.protocol import (
     store_owner,
     user_name,
 )
+from clagd.replies import (
+    Added,
+    Archived,
+    ClusterInfo,
+    ClusterList,
+    Counts,
+    FollowStatus,
+    Forgotten,
+    Log,
+    LogEntry,
+    MemoryList,
+    MemoryRecord,
+    Pong,
+    Reply,
+    Reverted,
+    Rounds,
+    Session,
+    Status,
+)
 from clagd.scopes import DEFAULT_SCOPE, check_scope
 
 __all__ = [
@@ -57,11 +76,26 @@ __all__ = [
     "DaemonNotRunning",
     "DaemonTimeout",
     "MAX_SOCKET_PATH",
+    "Added",
+    "Archived",
+    "ClusterInfo",
+    "ClusterList",
+    "Counts",
+    "FollowStatus",
+    "Forgotten",
+    "Log",
+    "LogEntry",
     "MemoryHit",
     "MemoryList",
     "MemoryRecord",
+    "Pong",
     "ProtocolError",
     "QueryResult",
+    "Reply",
+    "Reverted",
+    "Rounds",
+    "Session",
+    "Status",
     "default_socket_path",
     "find_socket_path",
     "prepare_socket_dir",
@@ -125,51 +159,6 @@ class MemoryHit:
             created_at=d.get("created_at"),
             metadata=dict(d.get("metadata") or {}),
             scope=str(d.get("scope") or DEFAULT_SCOPE),
-        )
-
-
-@dataclass
-class MemoryRecord:
-    """What `get` returns, and each memory of `list`: a memory and where it is filed."""
-
-    id: str
-    content: str
-    created_at: str
-    metadata: dict[str, Any]
-    cluster_id: str | None
-    cluster_name: str
-    archived: bool = False
-    scope: str = DEFAULT_SCOPE
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MemoryRecord:
-        return cls(
-            id=str(d["id"]),
-            content=str(d.get("content", "")),
-            created_at=str(d.get("created_at") or ""),
-            metadata=dict(d.get("metadata") or {}),
-            cluster_id=d.get("cluster_id"),
-            cluster_name=str(d.get("cluster_name") or ""),
-            archived=bool(d.get("archived", False)),
-            scope=str(d.get("scope") or DEFAULT_SCOPE),
-        )
-
-
-@dataclass
-class MemoryList:
-    """What `list` returns: the newest memories the filter lets through (at most `limit`)
-    and how many it lets through in all (`total`)."""
-
-    memories: list[MemoryRecord]
-    total: int
-    limit: int
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MemoryList:
-        return cls(
-            memories=[MemoryRecord.from_dict(m) for m in d.get("memories") or []],
-            total=int(d.get("total") or 0),
-            limit=int(d.get("limit") or 0),
         )
 
 
@@ -471,11 +460,11 @@ class Client:
 
     # -- operations
 
-    def ping(self) -> dict[str, Any]:
-        return self.call("ping")
+    def ping(self) -> Pong:
+        return _parse(Pong, self.call("ping"), "ping")
 
-    def status(self) -> dict[str, Any]:
-        return self.call("status")
+    def status(self) -> Status:
+        return _parse(Status, self.call("status"), "status")
 
     def add(
         self,
@@ -483,7 +472,7 @@ class Client:
         metadata: Mapping[str, Any] | None = None,
         created_at: str | None = None,
         scope: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Added:
         """Store one memory (committed before the reply); returns the daemon's add result.
         `scope`: whose memory it is (else the client's scope, else the default)."""
         item: dict[str, Any] = {"content": content}
@@ -498,7 +487,7 @@ class Client:
         items: Iterable[Mapping[str, Any]],
         source: str | None = None,
         scope: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Added:
         """Store several memories in one commit; each item is `{content, metadata?, created_at?}`.
         `source` names where they came from in the commit subject: "socket" (the default) or
         "import" (`clagd import`). `scope`: as for `add` (an item naming another is refused)."""
@@ -508,14 +497,14 @@ class Client:
         chosen = self._scope(scope)
         if chosen is not None:
             params["scope"] = chosen
-        return self.request("add", params)
+        return _parse(Added, self.request("add", params), "add")
 
     def add_messages(
         self,
         messages: Iterable[Mapping[str, Any]],
         metadata: Mapping[str, Any] | None = None,
         scope: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Added:
         """Store a conversation as mem0's `add(messages)` takes it,
         `[{"role": "user", "content": ..., "created_at": ...}, ...]`: one memory per user
         turn (and per assistant turn when the store sets `ingest.assistant_turns`), each with
@@ -529,7 +518,7 @@ class Client:
         chosen = self._scope(scope)
         if chosen is not None:
             params["scope"] = chosen
-        return self.request("add", params)
+        return _parse(Added, self.request("add", params), "add")
 
     def update(
         self,
@@ -621,20 +610,21 @@ class Client:
         }
         return _parse(MemoryList, self.call("list", **params), "list")
 
-    def clusters(self, include_archive: bool = False, scope: str | None = None) -> dict[str, Any]:
+    def clusters(self, include_archive: bool = False, scope: str | None = None) -> ClusterList:
         """The clusters of `scope` (else the client's; with neither, of every scope)."""
-        return self.call(
+        result = self.call(
             "clusters", include_archive=include_archive or None, scope=self._scope(scope)
         )
+        return _parse(ClusterList, result, "clusters")
 
-    def log(self, n: int = 20, scope: str | None = None) -> dict[str, Any]:
+    def log(self, n: int = 20, scope: str | None = None) -> Log:
         """The newest commits (those of `scope`, else of the client's; with neither, all)."""
-        return self.call("log", n=n, scope=self._scope(scope))
+        return _parse(Log, self.call("log", n=n, scope=self._scope(scope)), "log")
 
-    def revert(self, ref: str, scope: str | None = None) -> dict[str, Any]:
+    def revert(self, ref: str, scope: str | None = None) -> Reverted:
         """Revert a commit or session; with `scope` (else the client's), only one that
         changed that scope's memories alone."""
-        return self.call("revert", ref=ref, scope=self._scope(scope))
+        return _parse(Reverted, self.call("revert", ref=ref, scope=self._scope(scope)), "revert")
 
     def forget(
         self,
@@ -643,12 +633,12 @@ class Client:
         scope: str | None = None,
         purge: bool = False,
         force_remote: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Forgotten:
         """Remove memories (by id, or every one whose content contains `match`) from HEAD
         in one `forget` commit and from every copy the daemon keeps; no revert brings them
         back. `purge` also rewrites every commit that held their text (history changes:
         see docs/protocol.md); `force_remote` then force-pushes it to replication.remote."""
-        return self.request(
+        result = self.request(
             "forget",
             {
                 k: v
@@ -663,27 +653,30 @@ class Client:
             },
             timeout=max(self.timeout or 0.0, RECLUSTER_TIMEOUT) if purge else None,
         )
+        return _parse(Forgotten, result, "forget")
 
-    def recluster(self, wait: bool = True, timeout: float | None = None) -> dict[str, Any]:
+    def recluster(self, wait: bool = True, timeout: float | None = None) -> Session:
         """Run a clustering session now; with `wait`, return its outcome (may take minutes)."""
         if timeout is None and wait:
             timeout = max(self.timeout or 0.0, RECLUSTER_TIMEOUT)
-        return self.request("recluster", {"wait": wait}, timeout=timeout)
+        result = self.request("recluster", {"wait": wait}, timeout=timeout)
+        return _parse(Session, result, "recluster")
 
-    def archive(self, dry_run: bool = False, scope: str | None = None) -> dict[str, Any]:
+    def archive(self, dry_run: bool = False, scope: str | None = None) -> Archived:
         """Archive cold clusters (of `scope`, else of the client's; with neither, all)."""
-        return self.call("archive", dry_run=dry_run, scope=self._scope(scope))
+        result = self.call("archive", dry_run=dry_run, scope=self._scope(scope))
+        return _parse(Archived, result, "archive")
 
-    def sync(self) -> dict[str, Any]:
+    def sync(self) -> FollowStatus:
         """A follower fetches from its primary now; its `status.follow` after that."""
-        return dict(self.call("sync"))
+        return _parse(FollowStatus, self.call("sync"), "sync")
 
-    def round(self, n: int = 1) -> dict[str, Any]:
+    def round(self, n: int = 1) -> Rounds:
         """Count `n` dialogue rounds (one of the clustering session triggers)."""
-        return self.call("round", n=n)
+        return _parse(Rounds, self.call("round", n=n), "round")
 
 
-R = TypeVar("R", MemoryRecord, MemoryList, QueryResult)
+R = TypeVar("R", bound=Reply)
 
 
 def _object(result: Any, op: str) -> Mapping[str, Any]:
@@ -696,8 +689,8 @@ def _parse(cls: type[R], result: Any, op: str) -> R:
     """`cls.from_dict` of an op's result; a malformed one is a ProtocolError."""
     try:
         return cls.from_dict(_object(result, op))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed {op} result: {exc!r}") from None
+    except (KeyError, TypeError, ValueError) as exc:  # MalformedReply is a ValueError
+        raise ProtocolError(f"malformed {op} result: {exc}") from None
 
 
 class _Retryable(Exception):

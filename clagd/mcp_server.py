@@ -16,7 +16,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -305,9 +304,10 @@ class _Tools:
             meta = dict(metadata or {})
             if importance is not None:
                 meta["importance"] = importance
-            return await self.forward(
+            res = await self.forward(
                 lambda: self.client.add(content, meta or None, created_at, scope=chosen)
             )
+            return res.raw
 
         return remember
 
@@ -371,7 +371,7 @@ class _Tools:
             """One memory by its id (from `recall` or `list`): its text, time, metadata and
             the cluster it is filed in; only a memory of `scope`."""
             chosen = self.scope("get", scope)
-            return asdict(await self.forward(lambda: self.client.get(id, scope=chosen)))
+            return (await self.forward(lambda: self.client.get(id, scope=chosen))).raw
 
         return get
 
@@ -392,7 +392,7 @@ class _Tools:
                     where, since, limit, include_archive, scope=chosen
                 )
             )
-            return asdict(res)
+            return res.raw
 
         return list
 
@@ -403,8 +403,7 @@ class _Tools:
             """The topic clusters memory is organized in: id, name, description, size (of
             `scope` only, when given or when the server is pinned to one)."""
             chosen = self.scope("list_clusters", scope)
-            result = await self.forward(lambda: self.client.clusters(include_archive, chosen))
-            return result if isinstance(result, dict) else {"clusters": result}
+            return (await self.forward(lambda: self.client.clusters(include_archive, chosen))).raw
 
         return list_clusters
 
@@ -414,8 +413,7 @@ class _Tools:
             archived or reverted, with the commit id `revert` takes (those of `scope`
             only, when given or when the server is pinned to one)."""
             chosen = self.scope("memory_history", scope)
-            result = await self.forward(lambda: self.client.log(n, chosen))
-            return result if isinstance(result, dict) else {"commits": result}
+            return (await self.forward(lambda: self.client.log(n, chosen))).raw
 
         return memory_history
 
@@ -425,7 +423,7 @@ class _Tools:
             itself a new commit, so it can be reverted in turn. With `scope` (or a pinned
             server), only a change of that scope's memories alone."""
             chosen = self.scope("revert", scope)
-            return await self.forward(lambda: self.client.revert(ref, chosen))
+            return (await self.forward(lambda: self.client.revert(ref, chosen))).raw
 
         return revert
 
@@ -437,7 +435,7 @@ class _Tools:
             the user asks to forget something. Give `ids` or `match`, not both."""
             if bool(ids) == bool(match):
                 raise ToolError("forget: give 'ids' (memory ids) or 'match' (a text), one of them")
-            return await self.forward(lambda: self.client.forget(ids or (), match))
+            return (await self.forward(lambda: self.client.forget(ids or (), match))).raw
 
         return forget
 
@@ -450,7 +448,7 @@ class _Tools:
                 data = await self.forward(lambda: self.client.clusters(True, self.pinned))
             except ToolError as exc:
                 raise ResourceError(str(exc)) from None
-            return json.dumps(data, ensure_ascii=False, indent=1)
+            return json.dumps(data.raw, ensure_ascii=False, indent=1)
 
         server.resource(
             CLUSTERS_URI,

@@ -21,6 +21,7 @@ CORE = {
     "text",
     "yamlio",
     "protocol",
+    "replies",
     "libc",
 }
 # What each layer may import besides itself and the core modules.

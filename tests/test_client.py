@@ -17,14 +17,22 @@ import pytest
 from clagd import errors
 from clagd.client import (
     MAX_SOCKET_PATH,
+    Added,
     Client,
     ClientError,
+    ClusterInfo,
     ClusterScore,
+    Counts,
     DaemonNotRunning,
     DaemonTimeout,
+    LogEntry,
     MemoryHit,
+    Pong,
     ProtocolError,
     QueryResult,
+    Rounds,
+    Session,
+    Status,
     default_socket_path,
     find_socket_path,
     prepare_socket_dir,
@@ -51,6 +59,20 @@ QUERY_RESULT = {
 }
 
 
+PONG = {"pong": True, "pid": 4242, "store": "/home/u/memory"}
+STATUS = {"store": "/home/u/memory", "head": None, "counts": {"memories": 1, "clusters": 1}}
+# a result of the shape docs/protocol.md gives, per op
+REPLIES: dict[str, Any] = {
+    "add": {"batch": "b-1", "added": 1, "ids": ["m-0123456789abcdef"], "duplicates": 0},
+    "clusters": {"clusters": [{"id": "c-00aa11bb", "name": "units", "size": 2}], "unsorted": 0},
+    "log": {"entries": [{"commit": "ab" * 20, "date": "2026", "subject": "s", "kind": "ingest"}]},
+    "revert": {"reverted": ["ab" * 20], "commits": ["cd" * 20], "head": "cd" * 20},
+    "recluster": {"status": "accepted", "session_id": "s-1", "commits": ["ef" * 20]},
+    "archive": {"dry_run": True, "clusters": [], "names": [], "commit": None},
+    "round": {"rounds_since_session": 3},
+}
+
+
 class FakeDaemon:
     """A small JSON-lines server speaking the clagd protocol, with canned handlers.
 
@@ -62,8 +84,8 @@ class FakeDaemon:
     def __init__(self, path: Path, handlers: dict[str, Callable[[dict], Any]] | None = None):
         self.path = path
         self.handlers: dict[str, Callable[[dict], Any]] = {
-            "ping": lambda req: {"pong": True},
-            "status": lambda req: {"memories": 1, "clusters": 1},
+            "ping": lambda req: PONG,
+            "status": lambda req: STATUS,
             "query": lambda req: QUERY_RESULT,
         }
         self.handlers.update(handlers or {})
@@ -182,9 +204,9 @@ def daemon(sock_dir: Path) -> Iterator[FakeDaemon]:
 def test_ping_and_status_round_trip(daemon: FakeDaemon) -> None:
     with Client(daemon.path) as c:
         assert not c.connected
-        assert c.ping() == {"pong": True}
+        assert c.ping() == Pong(True, 4242, "/home/u/memory")
         assert c.connected
-        assert c.status() == {"memories": 1, "clusters": 1}
+        assert c.status().raw == STATUS
     assert not c.connected
     assert [r["id"] for r in daemon.requests] == [1, 2]
     assert daemon.connections == 1
@@ -219,8 +241,9 @@ def test_query_returns_typed_result(daemon: FakeDaemon) -> None:
 
 
 def test_request_shapes_of_every_op(daemon: FakeDaemon) -> None:
-    for op in ("add", "clusters", "log", "revert", "recluster", "archive", "round", "custom"):
-        daemon.handlers[op] = lambda req: {"echo": req}
+    for op, result in REPLIES.items():
+        daemon.handlers[op] = lambda req, result=result: result
+    daemon.handlers["custom"] = lambda req: {"echo": req}
     with Client(daemon.path) as c:
         c.add("one", metadata={"importance": 0.3}, created_at="2026-01-01T00:00:00Z")
         c.add("two")
@@ -273,7 +296,7 @@ def test_error_reply_becomes_client_error(daemon: FakeDaemon) -> None:
         assert info.value.code == "not_found"
         assert info.value.message == "no commit deadbeef"
         # the connection stays usable after an error reply
-        assert c.ping() == {"pong": True}
+        assert c.ping().pong is True
         with pytest.raises(ClientError, match="unknown op"):
             c.call("nope")
     assert daemon.connections == 1
@@ -302,15 +325,15 @@ def test_stale_socket_file_is_daemon_not_running(sock_dir: Path) -> None:
 def test_reconnects_after_idle_close(daemon: FakeDaemon) -> None:
     daemon.close_after_reply = True
     with Client(daemon.path) as c:
-        assert c.ping() == {"pong": True}
-        assert c.status() == {"memories": 1, "clusters": 1}
+        assert c.ping().pid == 4242
+        assert c.status().counts.memories == 1
         assert c.query("x").tokens == 12
     assert daemon.ops() == ["ping", "status", "query"]
     assert daemon.connections == 3
 
 
 def test_write_op_is_not_resent_when_connection_drops_mid_request(daemon: FakeDaemon) -> None:
-    daemon.handlers["revert"] = lambda req: {"ok": True}
+    daemon.handlers["revert"] = lambda req: REPLIES["revert"]
     daemon.drop_ops = {"revert"}
     with Client(daemon.path) as c:
         c.ping()
@@ -319,7 +342,7 @@ def test_write_op_is_not_resent_when_connection_drops_mid_request(daemon: FakeDa
         assert info.value.code == "closed"
         assert not c.connected
         daemon.drop_ops = set()
-        assert c.ping() == {"pong": True}  # a fresh connection
+        assert c.ping().pong is True  # a fresh connection
     assert daemon.ops() == ["ping", "revert", "ping"]
 
 
@@ -361,13 +384,13 @@ def test_malformed_query_result_is_protocol_error(daemon: FakeDaemon) -> None:
 
 def test_timeout_drops_connection_and_recovers(daemon: FakeDaemon) -> None:
     release = threading.Event()
-    daemon.handlers["recluster"] = lambda req: release.wait(10) and {"done": True}
+    daemon.handlers["recluster"] = lambda req: release.wait(10) and REPLIES["recluster"]
     with Client(daemon.path, timeout=0.2) as c:
         with pytest.raises(DaemonTimeout, match="did not answer"):
             c.recluster(timeout=0.2)
         assert not c.connected
         release.set()
-        assert c.ping() == {"pong": True}  # never reads the late reply of the old request
+        assert c.ping().pong is True  # never reads the late reply of the old request
     assert daemon.connections == 2
 
 
@@ -466,3 +489,31 @@ def test_for_store_uses_default_socket(tmp_path: Path) -> None:
     c = Client.for_store(store, timeout=1.0)
     assert c.socket_path == default_socket_path(store)
     assert c.timeout == 1.0
+
+
+def test_every_op_returns_its_typed_result(daemon: FakeDaemon) -> None:
+    """Each op's result is its dataclass (clagd.replies), the JSON object kept in `raw` and
+    readable as before (`result["ids"]`); a result without a field its op always sends is
+    a ProtocolError naming the op."""
+    for op, result in REPLIES.items():
+        daemon.handlers[op] = lambda req, result=result: {**result, "newer_field": 1}
+    with Client(daemon.path) as c:
+        added = c.add("one")
+        assert isinstance(added, Added) and added.ids == ["m-0123456789abcdef"]
+        assert added.skipped == 0 and added["ids"] == added.ids and "newer_field" in added
+        assert added.raw["newer_field"] == 1 and added.get("commit") is None
+        assert c.clusters().clusters[0] == ClusterInfo("c-00aa11bb", "units", size=2)
+        entry = c.log(1).entries[0]
+        assert isinstance(entry, LogEntry) and entry.kind == "ingest" and entry.session is None
+        assert c.revert("x").head == "cd" * 20
+        session = c.recluster()
+        assert isinstance(session, Session) and session.status == "accepted"
+        assert c.archive(dry_run=True).dry_run is True
+        assert isinstance(c.round(3), Rounds) and c.round(3).rounds_since_session == 3
+        status = c.status()
+        assert isinstance(status, Status) and isinstance(status.counts, Counts)
+        assert status.counts.archived_clusters == 0 and status.backend is None
+        assert isinstance(c.ping(), Pong)
+        daemon.handlers["add"] = lambda req: {"batch": "b-2", "added": 1}
+        with pytest.raises(ProtocolError, match="malformed add result.*ids"):
+            c.add("two")

@@ -14,6 +14,7 @@ EDGE = (
     "mcp_server.py",
     "client.py",
     "protocol.py",
+    "replies.py",
     "serve/server.py",
     "serve/query_worker.py",
     "eval/",

@@ -17,6 +17,7 @@ from clagd import __version__
 from clagd.client import Client
 from clagd.errors import ClagdError
 from clagd.protocol import SOCKET_ENV, resolve_socket, store_owner, store_path
+from clagd.replies import Reply
 from clagd.serve.units import EX_CONFIG
 
 # Exit statuses (`clagd --help` lists them): scripts tell "start the daemon" apart from
@@ -152,6 +153,10 @@ def echo(text: str = "", err: bool = False) -> None:
 
 
 def emit(data: Any, as_json: bool, text: str | None = None) -> None:
+    """`text`, or with `as_json` the result as JSON: a typed reply (`clagd.replies`) as
+    the object the daemon sent."""
+    if isinstance(data, Reply):
+        data = data.raw
     if as_json:
         echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
     elif text is not None:

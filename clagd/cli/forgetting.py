@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import click
 
 from clagd.cli.base import Ctx, emit, json_option, main, pass_ctx
+from clagd.replies import Forgotten
 
 
 @main.command()
@@ -39,7 +39,7 @@ def forget(
         _confirm_purge()
     with c.client() as cl:
         res = cl.forget(list(ids), match, scope, purge, force_remote)
-    emit(res, as_json, _forget_text(res))
+    emit(res, as_json, _forget_text(res))  # emit prints a typed reply's JSON object
 
 
 def _confirm_purge() -> None:
@@ -54,15 +54,15 @@ def _confirm_purge() -> None:
         raise click.Abort()
 
 
-def _forget_text(res: dict[str, Any]) -> str:
-    n = len(res["forgotten"])
+def _forget_text(res: Forgotten) -> str:
+    n = len(res.forgotten)
     lines = [
-        f"forgot {n} memor{'y' if n == 1 else 'ies'} ({', '.join(res['forgotten'][:5])}"
-        f"{', ...' if n > 5 else ''}); commit {str(res['commit'])[:10]}"
+        f"forgot {n} memor{'y' if n == 1 else 'ies'} ({', '.join(res.forgotten[:5])}"
+        f"{', ...' if n > 5 else ''}); commit {str(res.commit)[:10]}"
     ]
-    if res.get("rejected_redacted"):
-        lines.append(f"redacted in inbox/rejected/: {', '.join(res['rejected_redacted'])}")
-    purge = res.get("purge")
+    if res.rejected_redacted:
+        lines.append(f"redacted in inbox/rejected/: {', '.join(res.rejected_redacted)}")
+    purge = res.purge
     if purge:
         lines.append(f"purged: {len(purge['rewritten'])} commit(s) rewritten (old -> new):")
         lines += [f"  {r['old'][:10]} -> {r['new'][:10]}" for r in purge["rewritten"][:50]]

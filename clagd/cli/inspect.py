@@ -10,6 +10,7 @@ import click
 from clagd.cli.base import Ctx, echo, emit, json_option, main, pass_ctx, scope_option
 from clagd.cli.serving import follow_line
 from clagd.errors import DaemonNotRunning
+from clagd.replies import Log
 
 
 @main.command()
@@ -20,30 +21,29 @@ def status(c: Ctx, as_json: bool) -> None:
     with c.client() as cl:
         s = cl.status()
     if as_json:
-        emit(s, True)
+        emit(s.raw, True)
         return
-    n = s["counts"]
-    b = s.get("backend", {})
-    ls = s.get("last_session") or {}
+    n, k = s.counts, s.counters
+    b = s.backend or {}
+    ls = s.last_session
     lines = [
-        f"store      {s['store']}",
-        f"head       {(s.get('head') or '')[:10]}",
-        f"memories   {n['memories']} in {n['clusters']} clusters, {n['unsorted']} unsorted; "
-        f"{n['archived_clusters']} archived clusters ({n['archived_memories']} memories)",
+        f"store      {s.store}",
+        f"head       {(s.head or '')[:10]}",
+        f"memories   {n.memories} in {n.clusters} clusters, {n.unsorted} unsorted; "
+        f"{n.archived_clusters} archived clusters ({n.archived_memories} memories)",
         f"backend    {b.get('active', 'none')} ({b.get('reason', '')})",
         *_gate_lines(b.get("gate") or []),
-        f"sessions   {s['counters']['sessions']} run, {s['counters']['sessions_accepted']} accepted, "
-        f"{s['counters']['sessions_rolled_back']} rolled back, {s['counters']['sessions_fallback']} fell back"
-        + (f"; last: {ls.get('status')} ({ls.get('trigger')})" if ls else ""),
-        f"queries    {s['counters']['queries']}; ingested {s['counters']['added']} "
-        f"({s['counters']['duplicates']} duplicates)",
-        *_query_process_lines(s.get("query_processes") or {}, s.get("uptime_seconds", 0)),
+        f"sessions   {k['sessions']} run, {k['sessions_accepted']} accepted, "
+        f"{k['sessions_rolled_back']} rolled back, {k['sessions_fallback']} fell back"
+        + (f"; last: {ls.status} ({ls.trigger})" if ls else ""),
+        f"queries    {k['queries']}; ingested {k['added']} ({k['duplicates']} duplicates)",
+        *_query_process_lines(s.query_processes or {}, s.uptime_seconds),
     ]
-    if s.get("follow"):
-        lines.insert(1, f"follower   {follow_line(s['follow'])}")
-    if s.get("outside_edit_error"):
-        lines.append(f"ATTENTION  outside edit rejected: {s['outside_edit_error']}")
-    lines += _attention(s)
+    if s.follow:
+        lines.insert(1, f"follower   {follow_line(s.follow.raw)}")
+    if s.outside_edit_error:
+        lines.append(f"ATTENTION  outside edit rejected: {s.outside_edit_error}")
+    lines += _attention(s.raw)
     echo("\n".join(lines))
 
 
@@ -111,11 +111,12 @@ def clusters(c: Ctx, include_archive: bool, as_json: bool) -> None:
     with c.client() as cl:
         res = cl.clusters(include_archive)
     rows = [
-        f"{x['id']}  {x['size']:>5}  {x['name']}{'  [archived]' if x['archived'] else ''}{'  [pinned]' if x.get('pinned') else ''}"
-        for x in res["clusters"]
+        f"{x.id}  {x.size:>5}  {x.name}{'  [archived]' if x.archived else ''}"
+        + ("  [pinned]" if x.pinned else "")
+        for x in res.clusters
     ]
-    rows.append(f"(unsorted: {res['unsorted']})")
-    emit(res, as_json, "\n".join(rows))
+    rows.append(f"(unsorted: {res.unsorted})")
+    emit(res.raw, as_json, "\n".join(rows))
 
 
 @main.command(name="log")
@@ -140,24 +141,23 @@ def log_cmd(c: Ctx, n: int, as_json: bool) -> None:
             raise  # a daemon was named, or one runs: say what is wrong with it
         res = _log_from_git(c.store, n, c.scope)
     rows = []
-    for e in res["entries"]:
-        extra = " ".join(
-            f"{k}={e[k]}" for k in ("session", "status", "trigger", "backend") if e.get(k)
-        )
+    for e in res.entries:
+        named = {"session": e.session, "status": e.status, "trigger": e.trigger}
+        extra = " ".join(f"{k}={v}" for k, v in {**named, "backend": e.backend}.items() if v)
         rows.append(
-            f"{e['commit'][:10]} {e['date'][:19]} {e['kind']:<8} {e['subject']}{'  ' + extra if extra else ''}"
+            f"{e.commit[:10]} {e.date[:19]} {e.kind:<8} {e.subject}{'  ' + extra if extra else ''}"
         )
-    for h in res.get("history", []):  # outside moves of the branch that removed memories
+    for h in res.history:  # outside moves of the branch that removed memories
         rows.append(
             f"{str(h.get('to'))[:10]} {h.get('at', '')[:19]} {h.get('kind', ''):<8} "
             f"{h.get('removed')} memories left HEAD (noticed {h.get('noticed')}); {h.get('where')}"
         )
-    emit(res, as_json, "\n".join(rows) or "(no history)")
+    emit(res.raw, as_json, "\n".join(rows) or "(no history)")
 
 
-def _log_from_git(store: Path, n: int, scope: str | None = None) -> dict[str, Any]:
+def _log_from_git(store: Path, n: int, scope: str | None = None) -> Log:
     """`log`'s answer read from the store itself: the daemon's `log` op, without a daemon."""
-    from clagd.engine.results import Log, LogEntry
+    from clagd.engine import results
     from clagd.protocol import to_wire
     from clagd.scopes import trailer_scopes
     from clagd.store.gitrepo import GitStore
@@ -166,7 +166,7 @@ def _log_from_git(store: Path, n: int, scope: str | None = None) -> dict[str, An
     git = GitStore(store)
     found = git.log(n if scope is None else min(10_000, n * 20))
     mine = [c for c in found if scope is None or scope in trailer_scopes(c.trailers)]
-    entries = tuple(LogEntry.of(c) for c in mine[:n])
-    wire = to_wire(Log(entries, tuple(HistoryLog(git.gitdir).recent(n))))
+    entries = tuple(results.LogEntry.of(c) for c in mine[:n])
+    wire = to_wire(results.Log(entries, tuple(HistoryLog(git.gitdir).recent(n))))
     assert isinstance(wire, dict)  # a dataclass is an object on the wire
-    return wire
+    return Log.from_dict(wire)

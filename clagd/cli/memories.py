@@ -61,11 +61,11 @@ def add(
     validate_item(item, "memory", c.scope)  # the daemon's own checks, before anything is sent
     with c.client() as cl:
         res = cl.add(item["content"], metadata=metadata or None, created_at=created_at)
-    if res.get("added"):
-        text = f"added {', '.join(res['ids'])} ({res['commit'][:10] if res.get('commit') else ''})"
+    if res.added:
+        text = f"added {', '.join(res.ids)} ({res.commit[:10] if res.commit else ''})"
     else:
-        text = f"already stored: {', '.join(res.get('duplicate_ids', []))}"
-    emit(res, as_json, text)
+        text = f"already stored: {', '.join(res.duplicate_ids)}"
+    emit(res.raw, as_json, text)
 
 
 @main.command()
@@ -248,8 +248,8 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
     with c.client(timeout=None) as cl:
         for chunk in _chunks(items, batch):
             res = cl.add_many(chunk, source="import")
-            added += res["added"]
-            dupes += res["duplicates"]
+            added += res.added
+            dupes += res.duplicates
             prog.update(len(chunk))
     prog.close()
     out = {

@@ -18,9 +18,9 @@ def revert(c: Ctx, ref: str, as_json: bool) -> None:
     with c.client() as cl:
         res = cl.revert(ref)
     emit(
-        res,
+        res.raw,
         as_json,
-        f"reverted {', '.join(s[:10] for s in res['reverted'])}; head {res['head'][:10]}",
+        f"reverted {', '.join(s[:10] for s in res.reverted)}; head {(res.head or '')[:10]}",
     )
 
 
@@ -46,10 +46,10 @@ def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
     finally:
         stop.set()
         ticker.join()
-    text = f"session {res.get('session_id', '')}: {res.get('status')}"
-    if res.get("reasons"):
-        text += " — " + "; ".join(res["reasons"])[:500]
-    emit(res, as_json, text)
+    text = f"session {res.session_id or ''}: {res.status}"
+    if res.reasons:
+        text += " — " + "; ".join(res.reasons)[:500]
+    emit(res.raw, as_json, text)
 
 
 @main.command()
@@ -63,8 +63,8 @@ def archive(c: Ctx, dry_run: bool, as_json: bool) -> None:
         res = cl.archive(dry_run=dry_run)
     verb = "would archive" if dry_run else "archived"
     emit(
-        res,
+        res.raw,
         as_json,
-        f"{verb} {len(res['clusters'])} cluster(s)"
-        + "".join(f"\n  {i}  {n}" for i, n in zip(res["clusters"], res["names"])),
+        f"{verb} {len(res.clusters)} cluster(s)"
+        + "".join(f"\n  {i}  {n}" for i, n in zip(res.clusters, res.names)),
     )

@@ -4,7 +4,6 @@ lets through, newest first); and the `--where KEY=VALUE` option that `query` sha
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import Any
 
 import click
@@ -68,7 +67,7 @@ def get(c: Ctx, memory_id: str, as_json: bool) -> None:
         "",
         m.content,
     ]
-    emit(asdict(m), as_json, "\n".join(lines))
+    emit(m.raw, as_json, "\n".join(lines))
 
 
 @main.command(name="list")
@@ -108,4 +107,4 @@ def list_cmd(
         rows.append(f"({shown} of {res.total}, newest first; --limit N for more)")
     elif not shown:
         rows.append("(no memories)")
-    emit(asdict(res), as_json, "\n".join(rows))
+    emit(res.raw, as_json, "\n".join(rows))

@@ -98,7 +98,7 @@ def sync(c: Ctx, as_json: bool) -> None:
     """A follower: fetch from the primary now and serve what it has."""
     with c.client() as cl:
         s = cl.sync()
-    emit(s, as_json, follow_line(s))
+    emit(s.raw, as_json, follow_line(s.raw))
 
 
 def follow_line(f: dict[str, Any]) -> str:

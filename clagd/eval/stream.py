@@ -146,7 +146,7 @@ class DaemonPipeline:
         """Poll `status` until the daemon is idle; returns that status."""
 
         def idle() -> dict[str, Any] | None:
-            st = self.client.status()
+            st = self.client.status().raw
             return st if is_idle(st, self.dropped) else None
 
         st: dict[str, Any] = self._poll("the daemon to become idle", idle)
@@ -184,11 +184,11 @@ class DaemonPipeline:
     def settle(self) -> None:
         """A query is a dialogue round; when the rounds trigger a session, the next question
         waits until it is done (an answer then never depends on a race). Not timed."""
-        if not is_idle(self.client.status(), self.dropped):
+        if not is_idle(self.client.status().raw, self.dropped):
             self.wait_idle()
 
     def organization(self) -> dict[str, int]:
-        return organization_of(self.client.status())
+        return organization_of(self.client.status().raw)
 
     def close(self) -> None:
         try:

@@ -209,7 +209,7 @@ def test_disk_full_pauses_ingest_and_resumes(small_fs: Path, short_tmp: Path) ->
                 20,
                 "an ingest failure",
             )
-            assert "No space left" in json.dumps(st), st["writer"]
+            assert "No space left" in json.dumps(st.raw), st["writer"]
             assert c.ping()["pong"]
             assert len(c.query("memory before the disk filled").memories) == 1
         assert git(store, "rev-parse", "HEAD") == head

@@ -166,8 +166,8 @@ def test_two_followers_serve_a_burst_over_git_daemon(
         assert any(m.content.startswith("burst memory number 417 ") for m in hit.memories)
         s = c.status()
         tables = {op: _rows(lines) for op, lines in _sections().items() if op != "errors"}
-        _check(s, tables["status"])  # the replies as docs/protocol.md says
-        _check(c.sync(), tables["sync"])
+        _check(s.raw, tables["status"])  # the replies as docs/protocol.md says
+        _check(c.sync().raw, tables["sync"])
         f = s["follow"]
         assert f["remote"] == url and f["head"] == s["head"] and f["last_error"] == ""
         assert f["fetches"] >= 1 and f["seconds_since_fetch"] is not None
