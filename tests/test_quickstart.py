@@ -20,13 +20,18 @@ from clagd.client import Client
 DOC = REPO / "docs" / "quickstart.md"
 
 
-# the section that tests/test_docs_scopes.py runs on its own store (two users' scopes)
+# the sections that run on a store of their own: tests/test_docs_scopes.py (two users'
+# scopes) and tests/test_docs_getlist.py (get, list, filter and conversations)
 SCOPES_SECTION = "## Scopes, updates and forgetting"
+GETLIST_SECTION = "## Get, list, filter and conversations"
 
 
 def blocks() -> list[tuple[str, str]]:
-    """(language, code) of every fenced block, in order, but those of SCOPES_SECTION."""
-    text = without_section(DOC.read_text(encoding="utf-8"), SCOPES_SECTION)
+    """(language, code) of every fenced block, in order, but those of the sections that
+    run on their own (SCOPES_SECTION, GETLIST_SECTION)."""
+    text = DOC.read_text(encoding="utf-8")
+    for section in (SCOPES_SECTION, GETLIST_SECTION):
+        text = without_section(text, section)
     return [(m.group(1), m.group(2)) for m in re.finditer(r"```(\w*)\n(.*?)\n```", text, re.S)]
 
 
