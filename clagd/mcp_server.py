@@ -428,14 +428,17 @@ class _Tools:
         return revert
 
     def forget_tool(self) -> Callable[..., Any]:
-        async def forget(ids: ForgetIds = None, match: ForgetMatch = None) -> dict[str, Any]:
+        async def forget(
+            ids: ForgetIds = None, match: ForgetMatch = None, scope: Scope = None
+        ) -> dict[str, Any]:
             """Remove memories for good, by id (`ids`, from recall) or every one whose
             content contains `match`: gone from memory and from every later recall, and no
             revert brings them back (storing the text again is a new memory). Use it when
             the user asks to forget something. Give `ids` or `match`, not both."""
             if bool(ids) == bool(match):
                 raise ToolError("forget: give 'ids' (memory ids) or 'match' (a text), one of them")
-            return (await self.forward(lambda: self.client.forget(ids or (), match))).raw
+            chosen = self.scope("forget", scope)
+            return (await self.forward(lambda: self.client.forget(ids or (), match, chosen))).raw
 
         return forget
 

@@ -6,24 +6,23 @@ import sys
 
 import click
 
-from clagd.cli.base import Ctx, emit, json_option, main, pass_ctx
+from clagd.cli.base import Ctx, emit, json_option, main, pass_ctx, scope_option
 from clagd.replies import Forgotten
 
 
 @main.command()
 @click.argument("ids", nargs=-1)
 @click.option("--match", help="forget every memory whose content contains TEXT (any case)")
-@click.option("--scope", envvar="CLAGD_SCOPE", help="the scope (default: default)")
 @click.option("--purge", is_flag=True, help="also rewrite every commit that held the text")
 @click.option("--yes", is_flag=True, help="purge without asking (for scripts)")
 @click.option("--force-remote", is_flag=True, help="force-push the purge to replication.remote")
 @json_option
+@scope_option
 @pass_ctx
 def forget(
     c: Ctx,
     ids: tuple[str, ...],
     match: str | None,
-    scope: str | None,
     purge: bool,
     yes: bool,
     force_remote: bool,
@@ -38,7 +37,7 @@ def forget(
     if purge and not yes:
         _confirm_purge()
     with c.client() as cl:
-        res = cl.forget(list(ids), match, scope, purge, force_remote)
+        res = cl.forget(list(ids), match, None, purge, force_remote)
     emit(res, as_json, _forget_text(res))  # emit prints a typed reply's JSON object
 
 

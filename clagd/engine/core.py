@@ -715,7 +715,7 @@ class Engine:
         try:
             rep = self.config.replication
             branch = rep.branch or self.git.branch
-            done = run_purge(ctx, mems, req.match, (rep.remote, branch, req.force_remote))
+            done = run_purge(ctx, mems, (rep.remote, branch, req.force_remote))
         finally:
             self.packer.resume()
         self.head = ctx.git.head()

@@ -20,12 +20,11 @@ from clagd.store.writer import WriteContext
 log = logging.getLogger("clagd.purge")
 
 
-def purge_spec(mems: list[Memory], ids: list[str], match: str | None) -> PurgeSpec:
+def purge_spec(mems: list[Memory], ids: list[str]) -> PurgeSpec:
     """Every form a forgotten memory's text takes in history: its content, the first 72
-    characters an ingest commit's body quotes, the match, and its id."""
+    characters an ingest commit's body quotes, and its id. (Not a `--match` text: it only
+    found the memories, and may be a word other memories and commits hold.)"""
     texts = {m.content for m in mems} | {m.content[:72] for m in mems} | set(ids)
-    if match:
-        texts.add(match)
     return PurgeSpec(tuple(sorted(ids)), tuple(sorted(t for t in texts if t.strip())))
 
 
@@ -128,16 +127,11 @@ def timed(started: float) -> float:
     return round(time.monotonic() - started, 3)
 
 
-def run_purge(
-    ctx: WriteContext,
-    mems: list[Memory],
-    match: str | None,
-    remote: tuple[str, str, bool],
-) -> Purged:
+def run_purge(ctx: WriteContext, mems: list[Memory], remote: tuple[str, str, bool]) -> Purged:
     """The purge of `mems` (forgotten by the commit just made): history, then the remote
     (`remote`: its name or URL, the branch, whether to force-push)."""
     t0 = time.monotonic()
     ids = [m.id for m in mems]
-    rewritten = purge_history(ctx, purge_spec(mems, ids, match))
+    rewritten = purge_history(ctx, purge_spec(mems, ids))
     pushed, note = push_rewrite(ctx, remote[0], remote[1], rewritten, remote[2])
     return Purged(tuple(rewritten), timed(t0), pushed, note)

@@ -67,17 +67,40 @@ def scrub_store_file(data: Any, ids: set[str]) -> bool:
 
 
 def scrub_blob(raw: bytes, ids: set[str], pattern: re.Pattern[bytes] | None) -> bytes:
-    """One blob without the forgotten memories and texts."""
-    if any(i.encode() in raw for i in ids):
-        try:
-            data = loads(raw.decode("utf-8"))
-        except (YamlError, ValueError, UnicodeDecodeError, RecursionError):
-            data = None
-        if data is not None and scrub_store_file(data, ids):
-            raw = dumps(data).encode("utf-8")
+    """One blob without the forgotten memories and texts. A store file loses the forgotten
+    memories by id, and the texts from its labels; another scope's memory of the same text
+    (another id) is not touched. Any other file has the texts replaced."""
+    hit_id = any(i.encode() in raw for i in ids)
+    if not hit_id and (pattern is None or not pattern.search(raw)):
+        return raw
+    try:
+        data = loads(raw.decode("utf-8"))
+    except (YamlError, ValueError, UnicodeDecodeError, RecursionError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("memories"), list):
+        before = json.dumps(data, sort_keys=True, default=str)
+        scrub_store_file(data, ids)
+        if pattern is not None:
+            _redact_labels(data, pattern)
+        if json.dumps(data, sort_keys=True, default=str) == before:
+            return raw
+        return dumps(data).encode("utf-8")
     if pattern is not None:
         raw = pattern.sub(REDACTED.encode(), raw)
     return raw
+
+
+def _redact_labels(data: dict[str, Any], pattern: re.Pattern[bytes]) -> None:
+    def red(text: Any) -> Any:
+        if not isinstance(text, str):
+            return text
+        return pattern.sub(REDACTED.encode(), text.encode("utf-8")).decode("utf-8")
+
+    for key in ("name", "description"):
+        if key in data:
+            data[key] = red(data[key])
+    if isinstance(data.get("tags"), list):
+        data["tags"] = [red(t) for t in data["tags"]]
 
 
 def _worker() -> None:

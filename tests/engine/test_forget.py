@@ -190,3 +190,17 @@ def test_query_processes_forget_too(daemon_proc: DaemonProcess) -> None:
         assert "chess" in c.query("chess").context
     assert d.terminate() == 0
     assert b"4321" not in (d.root / ".clagd" / "warmstart.pickle").read_bytes()
+
+
+def test_forget_works_in_one_scope(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        c.add("The user's PIN is 1111", scope="alice")
+        c.add("The user's PIN is 1111", scope="bob")
+        res = c.forget(match="PIN is 1111", scope="alice")
+        assert res["scope"] == "alice" and len(res["forgotten"]) == 1
+        assert "1111" in c.query("PIN", scope="bob").context
+        assert "1111" not in c.query("PIN", scope="alice").context
+    code, out = _cli(daemon, "forget", "--scope", "bob", "--match", "PIN is 1111")
+    assert code == 0 and "forgot 1 memory" in out, out
+    code, out = _cli(daemon, "forget", "--scope", "Bob!", "--match", "PIN")
+    assert code != 0 and "invalid scope 'Bob!'" in out, out

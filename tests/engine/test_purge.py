@@ -109,3 +109,24 @@ def test_purge_leaves_no_trace_in_history(tmp_path: Path, short_tmp: Path) -> No
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.kill()
+
+
+def test_a_purge_in_one_scope_leaves_another_scopes_memory(tmp_path: Path, short_tmp: Path) -> None:
+    d = DaemonProcess(make_store(tmp_path / "memory"), short_tmp / "s.sock").start()
+    try:
+        with d.client() as c:
+            alice = c.add(PIN, scope="alice")["ids"][0]
+            c.add(PIN, scope="bob")
+            c.recluster()
+            res = c.forget(match="pin is 9731", scope="alice", purge=True)
+            assert res["forgotten"] == [alice] and res["purge"]["rewritten"]
+            assert SECRET in c.query("PIN", scope="bob").context
+            assert SECRET not in c.query("PIN", scope="alice").context
+        assert head_contents(d.root) == [PIN]  # bob's, in HEAD as it was
+        assert git(d.root, "status", "--porcelain") == ""
+        log = git(d.root, "log", "-p", "--all", "--reflog")
+        assert alice not in log  # alice's id left every blob and message
+        assert d.terminate() == 0
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.kill()
