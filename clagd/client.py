@@ -596,10 +596,12 @@ class Client:
         include_archive: bool = False,
         scope: str | None = None,
         scopes: Iterable[str] = (),
+        superseded: bool = False,
     ) -> MemoryList:
         """The newest memories (at most `limit`) of `scope` (else the client's, else the
         default) and the `scopes` named besides, whose metadata has each `where` value,
-        made at or after `since` (an ISO 8601 time, or an age: 30m, 2h, 7d, 4w)."""
+        made at or after `since` (an ISO 8601 time, or an age: 30m, 2h, 7d, 4w). A memory
+        another supersedes (`update`) is listed only with `superseded`."""
         params = {
             "where": dict(where) if where else None,
             "since": since,
@@ -607,6 +609,7 @@ class Client:
             "include_archive": include_archive or None,
             "scope": self._scope(scope),
             "scopes": list(scopes) or None,
+            "superseded": superseded or None,
         }
         return _parse(MemoryList, self.call("list", **params), "list")
 

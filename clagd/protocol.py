@@ -509,6 +509,7 @@ class ListParams:
     include_archive: bool = False
     scope: str | None = None  # None: the default scope
     scopes: tuple[str, ...] = ()  # more scopes listed, named explicitly
+    superseded: bool = False  # memories another supersedes are listed too
 
     @classmethod
     def from_request(cls, params: Mapping[str, Any]) -> ListParams:
@@ -520,6 +521,7 @@ class ListParams:
             include_archive=bool(params.get("include_archive", False)),
             scope=params.get("scope"),
             scopes=extra_scopes(params),
+            superseded=bool(params.get("superseded", False)),
         ).check()
 
     def visible(self) -> frozenset[str]:

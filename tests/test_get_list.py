@@ -159,3 +159,17 @@ def test_get_and_list_see_only_their_scopes(daemon: InProcessDaemon) -> None:
         with pytest.raises(ClientError) as bad_extra:  # refused by the daemon
             c.list_memories(scopes=["Nope!"])
         assert bad_extra.value.code == "bad_scope" and "'Nope!'" in bad_extra.value.message
+
+
+def test_list_leaves_out_superseded_memories_unless_asked(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        (old,) = c.add("Alice lives in Berlin", metadata={"user": "alice"}).ids
+        new = c.update(old, "Alice moved to Lisbon").id
+        listed = c.list_memories()
+        assert [m.id for m in listed.memories] == [new] and listed.total == 1
+        both = c.list_memories(superseded=True)
+        assert {m.id for m in both.memories} == {old, new}
+        assert c.get(old).metadata["superseded_by"] == new  # get shows it, marked
+    text = _cli(daemon, "list", "--superseded")
+    assert text.exit_code == 0 and "Alice lives in Berlin" in text.output
+    assert "Alice lives in Berlin" not in _cli(daemon, "list").output

@@ -86,6 +86,9 @@ def get(c: Ctx, memory_id: str, as_json: bool) -> None:
     help=f"memories at most, newest first (1-{MAX_LIST_LIMIT})",
 )
 @click.option("--archive", "include_archive", is_flag=True, help="also list archived clusters")
+@click.option(
+    "--superseded", is_flag=True, help="also list memories a newer one supersedes (update)"
+)
 @json_option
 @scope_option
 @pass_ctx
@@ -95,12 +98,13 @@ def list_cmd(
     since: str | None,
     limit: int,
     include_archive: bool,
+    superseded: bool,
     as_json: bool,
 ) -> None:
     """The stored memories, newest first, without a query: all of them, or those --where
-    and --since let through."""
+    and --since let through (a memory a newer one supersedes only with --superseded)."""
     with c.client() as cl:
-        res = cl.list_memories(where or None, since, limit, include_archive)
+        res = cl.list_memories(where or None, since, limit, include_archive, superseded=superseded)
     rows = [memory_line(m) for m in res.memories]
     shown = len(res.memories)
     if shown < res.total:

@@ -45,10 +45,10 @@ def list_memories(
     that `p.where` and `p.since` let through, and how many do in all."""
     since = None if p.since is None else since_epoch(p.since, time.time() if now is None else now)
     scopes = p.visible()
-    hits, total = hot.newest(p.where, since, p.limit, scopes)
+    hits, total = hot.newest(p.where, since, p.limit, scopes, p.superseded)
     records = [MemoryRecord.of(h, False) for h in hits]
     if archive is not None:
-        a_hits, a_total = archive.newest(p.where, since, p.limit, scopes)
+        a_hits, a_total = archive.newest(p.where, since, p.limit, scopes, p.superseded)
         records += [MemoryRecord.of(h, True) for h in a_hits]
         total += a_total
         records.sort(key=_when, reverse=True)

@@ -33,12 +33,16 @@ def newest(
     since: float | None,
     limit: int,
     scopes: Collection[str] | None = None,
+    superseded: bool = False,
 ) -> tuple[list[Hit], int]:
     """The `limit` newest memories (by created_at, then id; unknown times last) of
     `scopes` (None: all) whose metadata holds every pair of `where` and, with `since`
-    (epoch seconds), made at or after it; and how many memories match in all."""
+    (epoch seconds), made at or after it; and how many memories match in all. A memory
+    another supersedes (`clagd update`) is left out unless `superseded`."""
     m = ix.memories
     keep = m.alive.copy()
+    if not superseded and ix.any_hidden:
+        keep &= ~m.hid
     vis = masks(ix, scopes)
     if vis is not None:
         keep &= vis[0][: len(keep)]

@@ -291,10 +291,12 @@ class Index:
         since: float | None = None,
         limit: int = 100,
         scopes: Collection[str] | None = None,
+        superseded: bool = False,
     ) -> tuple[list[Hit], int]:
         """The `limit` newest memories of `scopes` (None: all) that `where` and `since`
-        (epoch seconds) let through, and how many do in all (`retrieval.listing`)."""
-        return listing.newest(self, where, since, limit, scopes)
+        (epoch seconds) let through, superseded ones only with `superseded`, and how many
+        do in all (`retrieval.listing`)."""
+        return listing.newest(self, where, since, limit, scopes, superseded)
 
     def unsorted_by_scope(self) -> dict[str, int]:
         """How many unsorted memories each scope has (`status` counts)."""
