@@ -111,6 +111,12 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
     help="--answer: estimated tokens of clagd's and flat BM25's context",
 )
 @click.option(
+    "--cached-only",
+    is_flag=True,
+    help="--answer: ask the model nothing; score the questions every answer of which is "
+    "cached (what a stopped run finished)",
+)
+@click.option(
     "--protocol",
     type=click.Choice(["stream", "batch", "both"]),
     default="stream",
@@ -135,6 +141,7 @@ def locomo(
     seed: int,
     formats: str,
     budget: int,
+    cached_only: bool,
     protocol: str,
     batch_size: int | None,
     as_json: bool,
@@ -147,6 +154,7 @@ def locomo(
 
     config = load_config(file=Path(config_path)) if config_path else None
     opts: dict[str, Any] = {"n": questions, "seed": seed, "budget": budget}
+    opts["cached_only"] = cached_only
     opts["formats"] = [f.strip() for f in formats.split(",") if f.strip()]
     sys.exit(
         eval_command(

@@ -84,6 +84,7 @@ class AnswerRun:
         formats: Sequence[str] = (DEFAULT_FORMAT,),
         k: int = 10,
         budget: int = 800,
+        cached_only: bool = False,
     ) -> None:
         for fmt in formats:
             if fmt not in FORMATS:
@@ -93,6 +94,7 @@ class AnswerRun:
         self.formats, self.k, self.budget = tuple(formats), k, budget
         self.scores = Scores(self.formats)
         self.retrieved = _Retrieved(k)
+        self.cached_only = cached_only  # score only what the cache answers in full
 
     def conversation(
         self, conv: dict[str, Any], qs: list[Question], pipe: Pipeline, bar: Progress
@@ -106,13 +108,28 @@ class AnswerRun:
         finally:
             pipe.close()
         bar.line(f"{len(cv.turns)} turns in, {len(qs)} questions retrieved; asking the model")
+        recents = {fmt: cv.recent(self.backend, fmt) for fmt in self.formats}
+
+        def asked(fmt: str, system: str, i: int) -> list[dict[str, str]]:
+            shown = self._shown(system, first + i, recents[fmt], fmt)
+            return messages(render(shown, fmt), qs[i].text)
+
+        keep = set(range(len(qs)))
+        if self.cached_only:
+            keep = {
+                i
+                for i in keep
+                if all(
+                    self.answerer.cached(asked(f, s, i))
+                    for f in self.formats
+                    for s in ANSWER_SYSTEMS
+                )
+            }
         for fmt in self.formats:
-            recent = cv.recent(self.backend, fmt)
             for system in ANSWER_SYSTEMS:
                 for i, q in enumerate(qs):
-                    shown = self._shown(system, first + i, recent, fmt)
-                    answer = self.answerer.ask(messages(render(shown, fmt), q.text))
-                    self.scores.add(fmt, system, q, answer)
+                    if i in keep:
+                        self.scores.add(fmt, system, q, self.answerer.ask(asked(fmt, system, i)))
                     bar.step()
 
     def _shown(self, system: str, i: int, recent: list[Shown], fmt: str) -> list[Shown]:
@@ -152,6 +169,7 @@ def run_answers(
     pipeline: str = "auto",
     progress: bool = True,
     cache: Path | None = None,
+    cached_only: bool = False,
 ) -> dict[str, Any]:
     """The answer eval on a LoCoMo-format file; the `--json` object."""
     convs = load_conversations(path)
@@ -163,7 +181,8 @@ def run_answers(
     make = pipeline_factory(protocol, pipeline, None, bar.line if progress else None)
     backend = backend_for(config, kind)
     try:
-        run = AnswerRun(backend, config, AnswerCache(cache or cache_path()), formats, k, budget)
+        answers = AnswerCache(cache or cache_path())
+        run = AnswerRun(backend, config, answers, formats, k, budget, cached_only)
         for i, (conv, qs) in enumerate(zip(convs, picked), 1):
             if qs:
                 bar.line(f"conversation {i}/{len(convs)}")
@@ -172,6 +191,9 @@ def run_answers(
         backend.close()
     out = run.summary()
     out |= {"questions": asked, "seed": seed, "protocol": protocol, "sampled": n is not None}
+    if cached_only:  # the questions scored: those the cache answered in full
+        out["questions"] = out["answers"]["none"]["n"]
+        out["sample"] = asked
     return out
 
 

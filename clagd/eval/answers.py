@@ -186,6 +186,9 @@ class Answerer:
         self.model = model_id(backend, config)
         self.asked = 0
 
+    def cached(self, msgs: list[dict[str, str]]) -> bool:
+        return self.cache.get(AnswerCache.key(self.model, msgs)) is not None
+
     def ask(self, msgs: list[dict[str, str]]) -> Answer:
         key = AnswerCache.key(self.model, msgs)
         hit = self.cache.get(key)

@@ -259,3 +259,18 @@ def test_answering_without_a_model_is_one_clear_error(tiny: Path):
     out = CliRunner().invoke(main, ["eval", "locomo", str(tiny), "--answer", "--backend", "none"])
     assert out.exit_code == 1
     assert "--answer needs a model" in out.stderr
+
+
+def test_cached_only_scores_what_a_stopped_run_finished(tiny: Path, tmp_path: Path):
+    """A run cut short (here: 4 of 16 questions asked), then `cached_only`: the questions
+    every system's answer of which is cached are scored, and the model is asked nothing."""
+    gold = {q: a for q, _c, _e, a in QA}
+    kw: dict[str, Any] = {"cache": tmp_path / "answers.jsonl", "k": 5, "budget": 300}
+    with FakeOllama(models=[MODEL]) as fake:
+        fake.default = _oracle(gold)
+        small = run_answers(tiny, _config(fake.url), n=4, seed=2, progress=False, **kw)
+        asked = len(fake.chats)
+        res = run_answers(tiny, _config(fake.url), progress=False, cached_only=True, **kw)
+        assert len(fake.chats) == asked
+    assert res["questions"] == 4 and res["sample"] == 16 and res["asked"] == 0
+    assert _uncached(res["answers"]) == _uncached(small["answers"])
