@@ -64,6 +64,13 @@ def one_line(text: str) -> str:
     return _WS_RE.sub(" ", text).strip()
 
 
+def day_label(stamp: str) -> str:
+    """ "2023-05-08T13:56:00Z" -> "8 May 2023": the day a context line shows ("" when the
+    stamp does not parse)."""
+    at = parse_time(stamp)
+    return f"{at.day} {at.strftime('%B %Y')}" if at is not None else ""
+
+
 def memory_id(content: str, scope: str = DEFAULT_SCOPE) -> str:
     """The id of this content in this scope: a hash, so the same memory dropped twice in
     one scope is stored once, and the same text in two scopes is two memories."""

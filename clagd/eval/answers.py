@@ -28,7 +28,6 @@ import random
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from clagd.config import Config
 from clagd.errors import BackendError, ClagdError
 from clagd.eval.answer_metrics import bleu1, locomo_f1
 from clagd.eval.data import CATEGORIES, Question, Turn, questions
-from clagd.model import memory_id, normalize_content
+from clagd.model import day_label, memory_id, normalize_content
 from clagd.slm.base import Backend, select_backend
 from clagd.slm.schema import closed_object, string
 from clagd.text import estimate_tokens
@@ -71,11 +70,7 @@ class Shown:
 
 def day(stamp: str) -> str:
     """ "2023-05-08T13:56:00Z" -> "8 May 2023" (unparsable stamps are shown as they are)."""
-    try:
-        at = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return stamp
-    return f"{at.day} {at.strftime('%B %Y')}"
+    return day_label(stamp) or stamp
 
 
 def line(item: Shown, fmt: str) -> str:

@@ -28,6 +28,7 @@ from clagd.model import Memory
 from clagd.organize.lexical import organize_all
 from clagd.protocol import to_wire
 from clagd.retrieval.index import Index
+from clagd.retrieval.results import label_tokens
 from clagd.text import estimate_tokens
 
 
@@ -45,9 +46,9 @@ class Pipeline(Protocol):
 
 def line_tokens(result: dict[str, Any]) -> list[int]:
     """Estimated tokens of each returned memory's context line, as the index counts them
-    against the budget (`[Memory · <cluster>] <content>` plus one for the newline)."""
+    against the budget (`[Memory · <cluster> · <day>] <content>` plus one for the newline)."""
     return [
-        estimate_tokens(m["content"]) + estimate_tokens(f"[Memory · {m['cluster_name']}]") + 1
+        estimate_tokens(m["content"]) + label_tokens(m["cluster_name"]) + 1
         for m in result["memories"]
     ]
 

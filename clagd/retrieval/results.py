@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from clagd.model import Memory, one_line
+from clagd.model import Memory, day_label, one_line
 from clagd.text import estimate_tokens
 
 # the cluster name a hit from the unsorted area shows
@@ -64,19 +64,30 @@ class SearchResult:
         }
 
 
+# the longest day a line shows: a line's budget is counted on the safe side
+LONGEST_DAY = "30 September 2023"
+
+
 @lru_cache(maxsize=65536)
 def label_tokens(name: str) -> int:
-    """Estimated tokens of a context line's `[Memory · <name>]` prefix."""
-    return estimate_tokens(f"[Memory · {name}]")
+    """Estimated tokens of a context line's `[Memory · <name> · <day>]` prefix."""
+    return estimate_tokens(f"[Memory · {name} · {LONGEST_DAY}]")
 
 
 def _line(h: Hit) -> str:
     # one line whatever a model named the cluster (files are made one-line when read)
-    return f"[Memory · {one_line(h.cluster_name)}] {one_line(h.memory.content)}"
+    label = f"Memory · {one_line(h.cluster_name)}"
+    when = day_label(h.memory.created_at)
+    if when:
+        label += f" · {when}"
+    return f"[{label}] {one_line(h.memory.content)}"
 
 
 def format_context(hits: list[Hit]) -> str:
-    """Hits grouped by cluster (groups in order of their best hit), one line per memory."""
+    """Hits grouped by cluster (groups in order of their best hit), one line per memory,
+    each with its cluster's name and its day: `[Memory · Lisbon trip · 8 May 2023] ...`
+    (measured in the answer eval: a small model answers "when" questions only with the
+    dates shown; docs/answers.md)."""
     groups: dict[str, list[Hit]] = {}
     for h in hits:
         groups.setdefault(h.cluster_id or "", []).append(h)

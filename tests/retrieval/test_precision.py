@@ -52,7 +52,7 @@ def test_readme_example_without_the_generic_hits() -> None:
     assert min(h.score for h in full.memories[1:]) > 0.4 * full.memories[0].score
     cut = Index.build(README_CLUSTERS, [UNITS], RetrievalConfig(min_term_rarity=0.2)).search(QUERY)
     assert ids(cut) == [UNITS.id]
-    assert cut.context == "[Memory · unsorted] The user prefers metric units"
+    assert cut.context == "[Memory · unsorted · 1 May 2026] The user prefers metric units"
     assert cut.tokens < full.tokens / 4
     rel = Index.build(README_CLUSTERS, [UNITS], RetrievalConfig(min_relative_score=0.4))
     assert len(rel.search(QUERY).memories) == 5

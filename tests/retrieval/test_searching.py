@@ -53,7 +53,7 @@ def test_unsorted_area_is_always_searched():
     res = ix.search("electricity bill")
     assert res.memories[0].cluster_id is None
     assert res.memories[0].cluster_name == "unsorted"
-    assert "[Memory · unsorted] Paid the electricity bill" in res.context
+    assert "[Memory · unsorted · 1 January 2024] Paid the electricity bill" in res.context
 
 
 def test_to_dict_has_the_protocol_shape():
@@ -71,7 +71,7 @@ def test_to_dict_has_the_protocol_shape():
         "scope",
     }
     assert set(d["clusters"][0]) == {"id", "name", "score"}
-    assert d["context"].startswith("[Memory · Hiking Trips] ")
+    assert d["context"].startswith("[Memory · Hiking Trips · 1 January 2024] ")
 
 
 def test_superseded_memory_ranks_below_its_successor():
