@@ -131,9 +131,6 @@ class RetrievalConfig:
     # hits matching (themselves or through a time neighbour) no query term at least this
     # fraction as rare (IDF) as the rarest one the best hits match are dropped (0: off)
     min_term_rarity: float = 0.0
-    # > 0: the top k is re-picked to span more time episodes, each hit's score times
-    # (1 - diversity) per hit already picked within neighbor_gap_minutes of it
-    diversity: float = 0.0
     slm_refine: bool = False
     slm_refine_candidates: int = 8
     slm_refine_timeout: float = 2.0

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clagd.model import Memory, parse_time
 from clagd.protocol import Where, where_matches
 from clagd.retrieval.results import (
     UNSORTED_NAME,
@@ -65,8 +64,7 @@ def search(
             return hit
     q = ix.tokens(text)
     ts = now.timestamp() if now is not None else None
-    diverse = ix.cfg.diversity > 0
-    limit = k if budget <= 0 and archive is None and not diverse else k * 3 + 8
+    limit = k if budget <= 0 and archive is None else k * 3 + 8
     rarity = ix.cfg.min_term_rarity > 0
     allowed = where_mask(ix, where) if where else None
     hits, chosen = rank(ix, q, limit, ts, clusters, rarity, allowed, seen, superseded)
@@ -84,44 +82,12 @@ def search(
         )
         hits = sorted(hits + a_hits, key=lambda r: -r[0].score)
         chosen = sorted(chosen + a_chosen, key=lambda c: -c[2])
-    if diverse:
-        hits = diversify(hits, k, ix.cfg.diversity, ix.cfg.neighbor_gap_minutes * 60)
     out = cut(ix, hits, k, budget)
     context = format_context(out)
     res = SearchResult(out, chosen, context, estimate_tokens(context))
     if cacheable:
         ix.results.put(key, res)
     return res
-
-
-def _stamp(m: Memory) -> float:
-    at = parse_time(m.created_at)
-    return at.timestamp() if at is not None else 0.0
-
-
-def diversify(hits: list[Ranked], k: int, weight: float, gap_seconds: float) -> list[Ranked]:
-    """The first `k` hits re-picked so they span more time episodes (`retrieval.diversity`):
-    greedily, the next hit is the best by its score times (1 - weight) for each hit already
-    picked within `gap_seconds` of it; the rest follow in their order. Without it the
-    time-neighbour term fills the top with adjacent turns of one conversation."""
-    if len(hits) < 2:
-        return hits
-    keep = 1.0 - min(weight, 1.0)
-    stamps = [_stamp(h[0].memory) for h in hits]
-    left = list(range(len(hits)))
-    picked: list[float] = []
-    order: list[int] = []
-    while left and len(order) < k:
-        best, best_score = left[0], -1.0
-        for i in left:
-            near = sum(1 for t in picked if abs(t - stamps[i]) <= gap_seconds)
-            value = hits[i][0].score * keep**near
-            if value > best_score:
-                best, best_score = i, value
-        left.remove(best)
-        order.append(best)
-        picked.append(stamps[best])
-    return [hits[i] for i in order + left]
 
 
 def cut(ix: Index, hits: list[Ranked], k: int, budget: int) -> list[Hit]:

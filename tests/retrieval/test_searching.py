@@ -295,28 +295,3 @@ def test_sorted_set_equals_np_unique():
             got = _sorted_set(slots, n)
             want = np.unique(slots.astype(np.int64))
             assert got.dtype == np.int64 and np.array_equal(got, want)
-
-
-def test_diversity_spreads_the_top_k_over_time_episodes():
-    """One conversation of many matching turns a minute apart, and two other conversations
-    days later with one match each: without diversity the first conversation fills the top
-    3; with it the later conversations get in, and the best hit stays first."""
-    day = 24 * 60
-    talk = cluster(
-        "c-00000010",
-        "Garden talk",
-        [f"Tomatoes in the garden need water, note {i}" for i in range(6)],
-    )
-    later = cluster("c-00000011", "Garden later", ["The garden tomatoes got blight"], 3 * day)
-    last = cluster("c-00000012", "Garden last", ["Picked garden tomatoes today"], 9 * day)
-    clusters = {c.id: c for c in (talk, later, last)}
-
-    def episodes(diversity: float) -> list[str | None]:
-        ix = Index.build(clusters, [], RetrievalConfig(diversity=diversity))
-        res = ix.search("garden tomatoes", max_memories=3, token_budget=0)
-        return [h.cluster_id for h in res.memories]
-
-    plain, diverse = episodes(0.0), episodes(0.6)
-    assert len(set(plain)) < len(set(diverse)) == 3
-    assert plain[0] == diverse[0]
-    assert searching.diversify([], 3, 0.5, 60.0) == []
