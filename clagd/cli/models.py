@@ -113,8 +113,8 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
 @click.option(
     "--cached-only",
     is_flag=True,
-    help="--answer: ask the model nothing; score the questions every answer of which is "
-    "cached (what a stopped run finished)",
+    help="--answer: ask the model nothing; score each system on the questions whose "
+    "answer is cached for it (what a stopped run finished; n per system)",
 )
 @click.option(
     "--protocol",
