@@ -162,6 +162,58 @@ def test_a_query_process_that_dies_is_replaced_while_the_daemon_serves(
     assert answered >= 1 and daemon.daemon.healthy()
 
 
+def test_a_connection_the_daemon_holds_goes_to_the_process_that_serves_again(
+    daemon: InProcessDaemon,
+) -> None:
+    """A client that connected while no query process served keeps its connection: once a
+    process serves again, the daemon answers what that connection had sent and passes it
+    to the process (SCM_RIGHTS). A client that never reconnects (a raw socket, one request
+    line after another) goes on on the same connection, an `add` included, and its
+    queries are answered by the process."""
+    with daemon.client() as c:
+        c.add("The spare key is under the blue pot")
+        pid = wait_for(lambda: serving(c), 60, "the query process to serve")["processes"][0]["pid"]
+    os.kill(pid, 9)
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    held.settimeout(60)
+    held.connect(str(daemon.socket))
+    lines = held.makefile("rb")
+    n = 0
+
+    def ask(op: str, **params: Any) -> Any:
+        nonlocal n
+        n += 1
+        held.sendall(json.dumps({"id": n, "op": op, **params}).encode() + b"\n")
+        reply = json.loads(lines.readline())
+        assert reply["id"] == n and reply["ok"], reply
+        return reply["result"]
+
+    def new_serving() -> dict[str, Any] | None:
+        with daemon.client() as c:
+            return serving(c)
+
+    try:
+        # accepted by the daemon: no process serves until the new one has caught up
+        wait_for(
+            lambda: ask("status")["query_processes"]["processes"][0]["pid"] != pid, 60, "a restart"
+        )
+        asked = wait_for(new_serving, 60, "the new query process to serve")["processes"][0][
+            "queries"
+        ]
+        assert "blue pot" in ask("query", text="spare key")["memories"][0]["content"]
+        added = ask("add", content="The bike lock code is 4312")
+        got = ask("query", text="bike lock code", max_memories=3)
+        assert got["memories"] and got["memories"][0]["id"] == added["ids"][0]
+
+        def answered_there() -> bool:
+            return ask("status")["query_processes"]["processes"][0]["queries"] > asked
+
+        wait_for(answered_there, 10, "the query process to answer the held connection")
+    finally:
+        lines.close()
+        held.close()
+
+
 def test_no_query_process_outlives_the_daemon(tmp_path: Path, short_tmp: Path) -> None:
     store = make_store(tmp_path / "store")
     d = DaemonProcess(store, short_tmp / "k.sock").start()
