@@ -58,6 +58,14 @@ def run_blocks(doc: Path, env: dict[str, str], cwd: Path) -> list[str]:
     return outs
 
 
+def assert_forgotten(out: str) -> None:
+    """The forgetting block: forgot one memory, purged history, the query found nothing."""
+    assert re.search(r"^forgot 1 memory \(m-[0-9a-f]{16}\)", out, re.M), out
+    assert "commit(s) rewritten (old -> new)" in out
+    assert out.rstrip().endswith("4711: no trace in history"), out
+    assert "The user's door code" not in out
+
+
 def test_the_quickstart_scopes_section_runs_as_written(
     shell_env: dict[str, str], daemon_proc: DaemonProcess
 ) -> None:
@@ -65,7 +73,8 @@ def test_the_quickstart_scopes_section_runs_as_written(
     # the Python block opens "./memory": run the blocks from the store's parent folder
     (store.parent / "memory").exists() or (store.parent / "memory").symlink_to(store)
     outs = run_blocks(REPO / "docs" / "quickstart.md", shell_env, store.parent)
-    assert len(outs) == 3
+    assert len(outs) == 4
+    assert_forgotten(outs[3])
     # each query printed its user's one memory: Alice's, then (CLAGD_SCOPE=bob) Bob's
     shown = [line for line in outs[0].splitlines() if line.startswith("[Memory")]
     assert [line.split("] ", 1)[1] for line in shown] == [
@@ -89,7 +98,8 @@ def test_the_readme_scopes_section_runs_as_written(
     shell_env: dict[str, str], daemon_proc: DaemonProcess
 ) -> None:
     outs = run_blocks(REPO / "README.md", shell_env, daemon_proc.root.parent)
-    assert len(outs) == 1
+    assert len(outs) == 2
+    assert_forgotten(outs[1])
     shown = [line.split("] ", 1)[1] for line in outs[0].splitlines() if line.startswith("[Memory")]
     assert shown == ["I am allergic to peanuts", "I am allergic to shellfish"]
     with Client(daemon_proc.socket) as c:
