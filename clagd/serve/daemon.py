@@ -456,8 +456,7 @@ class Daemon:
         self._check_socket()
         if self.watcher is not None:
             self.watcher.ensure_inbox()
-            if self.reloader.check():  # clagd.yaml changed: validated, applied or reported
-                self.watcher.tracker.settle_seconds = self.config.inbox.settle_seconds
+        self.reload_config()  # clagd.yaml changed: validated, applied or reported
         eng.check_outside()
         eng.maybe_route(wait=False)  # queued on the writer; a failure is logged and retried
         eng.stats.save()
@@ -474,10 +473,24 @@ class Daemon:
             return
         self.paths.runtime.mkdir(mode=0o700, exist_ok=True)
         self._check_socket()
-        self.reloader.check()
+        self.reload_config()
         eng.stats.save()
         eng.maybe_save_warmstart()
         sdnotify.status(f"{len(eng.index)} memories, following {self.follow}")
+
+    def reload_config(self, force: bool = False) -> None:
+        """Take in a changed clagd.yaml (any clagd.yaml when `force`: a SIGHUP), as the
+        config watcher does: applied where live, otherwise reported."""
+        if self.reloader.check(force) and self.watcher is not None:
+            self.watcher.tracker.settle_seconds = self.config.inbox.settle_seconds
+
+    def _on_sighup(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
+        """SIGHUP reloads clagd.yaml (in a thread of its own: a handler must not wait for
+        housekeeping's reload) instead of killing the daemon."""
+        log.info("SIGHUP: reloading %s", self.reloader.path)
+        threading.Thread(
+            target=self.reload_config, args=(True,), name="clagd-sighup", daemon=True
+        ).start()
 
     def _check_socket(self) -> None:
         """A deleted (or replaced) socket file is re-created: the daemon must never run on,
@@ -552,6 +565,7 @@ class Daemon:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self._on_sighup)
         self.start()
         try:
             while not self.stop_event.wait(1.0):

@@ -5,6 +5,7 @@ invalid file is reported with its exact error and the running configuration stay
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class ConfigReloader:
         self.error = ""
         self.applied: list[str] = []
         self.restart_needed: list[str] = []
+        self._lock = threading.Lock()  # housekeeping and a SIGHUP may both reload
 
     def _signature(self) -> tuple[int, int] | None:
         try:
@@ -70,18 +72,24 @@ class ConfigReloader:
             return None
         return st.st_mtime_ns, st.st_size
 
-    def check(self) -> bool:
-        """Take in a changed file; True when it changed."""
-        sig = self._signature()
-        if sig == self._sig:
-            return False
-        self._sig = sig
+    def check(self, force: bool = False) -> bool:
+        """Take in a changed file (any file when `force`: a SIGHUP); True when it changed
+        or was forced."""
+        with self._lock:
+            sig = self._signature()
+            if sig == self._sig and not force:
+                return False
+            self._sig = sig
+            self._reload()
+            return True
+
+    def _reload(self) -> None:
         try:
             new = load_config(self.path.parent)
         except ConfigError as exc:
             self.error = str(exc)
             log.error("clagd.yaml changed but is invalid (still running with the old): %s", exc)
-            return True
+            return
         self.error = ""
         old_flat, new_flat = _flat(asdict(self.config)), _flat(asdict(new))
         changed = sorted(k for k in new_flat if new_flat[k] != old_flat.get(k))
@@ -98,7 +106,6 @@ class ConfigReloader:
                 ", ".join(applied) or "nothing",
                 ", ".join(self.restart_needed) or "nothing",
             )
-        return True
 
     def status(self) -> ConfigStatus:
         return ConfigStatus(
