@@ -666,6 +666,7 @@ class Engine:
                 )
 
     def _revert_op(self, ctx: WriteContext, shas: list[str]) -> Reverted:
+        ctx.check_no_staged()
         before = ctx.state.memory_ids()
         done = history.revert_commits(ctx, shas)
         self.known = ctx.state.memory_ids()
@@ -770,6 +771,8 @@ class Engine:
         return result
 
     def _archive_op(self, ctx: WriteContext, run: ArchiveRun) -> Archived:
+        if not run.dry_run:
+            ctx.check_no_staged()  # paused as an `add` is, even when nothing is cold
         out = archive.archive_cold(
             ctx, self.stats, self.config.archive, run.dry_run, run.now, run.scope
         )
@@ -786,7 +789,11 @@ class Engine:
     def recluster(self, trigger: str = "manual", backend: str | None = None) -> SessionOutcome:
         """Run one clustering session now (waiting for any running one) and report it."""
         runner = self._session_runner()
-        self.check_outside()
+        change = self.check_outside()
+        if change is not None and change.paused:
+            # the person's git holds the store (an operation, staged changes): a session
+            # waits exactly as an `add` does
+            raise Paused(change.paused)
         if self.outside.error:
             # a session rewrites cluster files: not while one of them holds a broken edit
             raise Conflict(

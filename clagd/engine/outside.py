@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clagd.engine.identity import fix_identities
-from clagd.errors import Paused, StoreError
+from clagd.errors import StoreError
 from clagd.store.files import StoreState, data_files, is_data_path, memories_in
 from clagd.store.writer import DATA_DIRS, WriteContext
 
@@ -47,15 +47,7 @@ class OutsideEdits:
         take in any difference. None when there is none, or it is the same broken state
         already reported."""
         head = ctx.git.head()
-        staged = [p for p in ctx.git.staged_paths(DATA_DIRS) if is_data_path(p)]
-        if staged:
-            # the person's: `git add`ed, or a git command that failed half-way (a reset that
-            # lost the race for HEAD leaves index and files of another commit): not an edit
-            raise Paused(
-                f"changes are staged in the memory folders ({staged[0]}"
-                f"{f' and {len(staged) - 1} more' if len(staged) > 1 else ''}): commit them, "
-                "or git reset --hard to drop them (writes resume by themselves)"
-            )
+        ctx.check_no_staged()  # staged changes are the person's (or a failed git's): no edit
         self._reidentify_committed_edits(ctx)
         # only memory files: an editor's swap file or a backup is never read or committed
         dirty = [p for p in ctx.git.dirty_paths(DATA_DIRS) if is_data_path(p)]

@@ -13,17 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clagd.errors import GitFailed, StoreError
+from clagd.store import gitcmd
 from clagd.store.gitrepo import BRANCH_KEY, GitStore
 
 FOLLOW_KEY = "clagd.follow"  # git config: the remote this store follows (a follower)
 TRACKING = "refs/remotes/origin"  # + "/<branch>": the fetched branch of the primary
-GIT_ENV = {
-    "GIT_TERMINAL_PROMPT": "0",
-    "GIT_NO_REPLACE_OBJECTS": "1",
-    "LC_ALL": "C",
-    "GIT_ASKPASS": "true",
-    "SSH_ASKPASS": "true",
-}
+GIT_ENV = {**gitcmd.GIT_ENV, "GIT_ASKPASS": "true", "SSH_ASKPASS": "true"}
 
 
 class FollowError(StoreError):

@@ -7,6 +7,7 @@ git's own reason, never its argv.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +20,27 @@ from clagd.errors import GitFailed
 
 IDENTITY = ("-c", "user.name=clagd", "-c", "user.email=clagd@localhost")
 LOCK_WAIT = 3.0  # seconds a git call waits for another git process's index.lock
+# the environment of every git command the daemon runs. GIT_OPTIONAL_LOCKS=0: our frequent
+# `git status` must not take the index lock, or a user's own git command in the store would
+# fail with "index.lock: File exists". Replacements (`git replace`) and grafts never shape
+# what the daemon reads or commits: `read-tree <base>` through a replacement of the tip
+# would build the next commit on an older tree and drop acknowledged memories. A graft file
+# under /dev/null cannot exist (git reads none, and warns about none).
+GIT_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_EDITOR": "true",
+    "GIT_PAGER": "cat",
+    "LC_ALL": "C",
+    "GIT_OPTIONAL_LOCKS": "0",
+    "GIT_NO_REPLACE_OBJECTS": "1",
+    "GIT_GRAFT_FILE": "/dev/null/no-grafts",
+}
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The process environment with `GIT_ENV` (and `extra`): for a git run as a subprocess
+    outside `GitRunner`."""
+    return {**os.environ, **GIT_ENV, **(extra or {})}
 
 
 class GitRunner:
@@ -30,15 +52,7 @@ class GitRunner:
         self.gitdir = self.root / ".git"
         self.git = Git(str(self.root))
         self._lock_stuck_until = 0.0
-        # GIT_OPTIONAL_LOCKS=0: our frequent `git status` must not take the index lock, or a
-        # user's own git command in the store would fail with "index.lock: File exists".
-        self.git.update_environment(
-            GIT_TERMINAL_PROMPT="0",
-            GIT_EDITOR="true",
-            GIT_PAGER="cat",
-            LC_ALL="C",
-            GIT_OPTIONAL_LOCKS="0",
-        )
+        self.git.update_environment(**GIT_ENV)
 
     def run(self, *args: str, **kw: Any) -> str:
         """Run git, retrying briefly (LOCK_WAIT) while another git process holds the index

@@ -22,7 +22,7 @@ from typing import Any
 
 from clagd.errors import Conflict, GitFailed
 from clagd.store import gitstate
-from clagd.store.gitcmd import first_line
+from clagd.store.gitcmd import first_line, git_env
 from clagd.store.gitcommit import Commits
 from clagd.store.gitlog import CommitInfo, format_message, read_log
 from clagd.store.gitrefs import BRANCH_KEY
@@ -119,6 +119,7 @@ class GitStore(Commits):
             input="".join(f"{sha}\n" for _p, sha in entries).encode(),
             capture_output=True,
             check=False,
+            env=git_env(),
         )
         if proc.returncode != 0:
             err = proc.stderr.decode(errors="replace")

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypedDict
 
+from clagd.store.gitcmd import git_env
 from clagd.yamlio import YamlError, loads
 
 log = logging.getLogger("clagd.history")
@@ -45,7 +46,12 @@ def ids_at(root: Path, commit: str, rel_paths: list[str]) -> set[str]:
         return set()
     req = "".join(f"{commit}:{p}\n" for p in rel_paths).encode()
     out = subprocess.run(
-        ["git", "cat-file", "--batch"], cwd=root, input=req, capture_output=True, check=False
+        ["git", "cat-file", "--batch"],
+        cwd=root,
+        input=req,
+        capture_output=True,
+        check=False,
+        env=git_env(),
     ).stdout
     ids: set[str] = set()
     pos = 0
@@ -65,7 +71,11 @@ def removed_between(root: Path, old: str, new: str | None) -> set[str] | None:
     """Memory ids in `old`'s data files that `new` no longer holds; None when `old` is not
     in the repository any more (pruned)."""
     probe = subprocess.run(
-        ["git", "cat-file", "-e", f"{old}^{{commit}}"], cwd=root, capture_output=True, check=False
+        ["git", "cat-file", "-e", f"{old}^{{commit}}"],
+        cwd=root,
+        capture_output=True,
+        check=False,
+        env=git_env(),
     )
     if probe.returncode != 0:
         return None
@@ -78,6 +88,7 @@ def removed_between(root: Path, old: str, new: str | None) -> set[str] | None:
         capture_output=True,
         text=True,
         check=False,
+        env=git_env(),
     ).stdout.split("\n")
     changed = [line.split("\t", 1) for line in diff if line.endswith(".yaml") and "\t" in line]
     files = [p for _status, p in changed]
@@ -95,6 +106,7 @@ def _ls(root: Path, commit: str) -> list[str]:
         capture_output=True,
         text=True,
         check=False,
+        env=git_env(),
     ).stdout
     return [p for p in out.split("\n") if p.endswith(".yaml")]
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from clagd.store.gitcmd import git_env
+
 log = logging.getLogger("clagd.git")
 
 GC_COMMAND = (
@@ -119,7 +121,7 @@ class ObjectPacker:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
+                env=git_env(),
             )
         except OSError as exc:
             err.close()

@@ -35,6 +35,7 @@ from clagd.store.files import (
     Paths,
     StoreState,
     cluster_yaml,
+    is_data_path,
     load_state,
     read_files,
     shard_yaml,
@@ -81,6 +82,7 @@ class WriteContext:
         # shard -> its memories before this change (by id)
         self._shards: dict[str, dict[str, Memory]] = {}
         self._blobs: dict[str, str | None] = {}  # path -> the blob written (None: removed)
+        self._staged_checked = False  # `check_no_staged` found nothing since the last commit
 
     @property
     def state(self) -> StoreState:
@@ -98,6 +100,23 @@ class WriteContext:
         """Forget the touched files (after they were committed or put back)."""
         self._clusters, self._archive, self._shards = set(), set(), {}
         self._blobs = {}
+        self._staged_checked = False
+
+    def check_no_staged(self) -> None:
+        """Raise Paused while changes are staged in the memory folders: the person's (`git
+        add`ed), or a git command's that failed half-way (a reset that lost the race for
+        HEAD leaves index and files of another commit). Every write waits for them, an
+        `add` as a session, an archive, a route pass or a revert: none is made on top."""
+        if self._staged_checked:
+            return
+        staged = [p for p in self.git.staged_paths(DATA_DIRS) if is_data_path(p)]
+        if staged:
+            raise Paused(
+                f"changes are staged in the memory folders ({staged[0]}"
+                f"{f' and {len(staged) - 1} more' if len(staged) > 1 else ''}): commit them, "
+                "or git reset --hard to drop them (writes resume by themselves)"
+            )
+        self._staged_checked = True
 
     @property
     def touched(self) -> bool:
@@ -135,6 +154,7 @@ class WriteContext:
         own fsync per object). A crash before the commit is undone at start-up from the
         marker, a crash after it loses nothing."""
         self.w.check_writable()
+        self.check_no_staged()
         w = self.w
         change, shards = self._change()
         w.begin_txn(subject, self.touched_paths())
@@ -213,6 +233,7 @@ class WriteContext:
     ) -> str | None:
         """An empty commit that records an event (a session that changed nothing) in history."""
         self.w.check_writable()
+        self.check_no_staged()
         sha = self.w.git.commit([], subject, body, trailers, allow_empty=True)
         self.w.publish(StoreChange(commit=sha))
         return sha
@@ -260,6 +281,7 @@ class WriteContext:
         empty. The transaction marker makes a revert killed half-way be undone at start-up."""
         w = self.w
         w.check_writable()
+        self.check_no_staged()
         w.begin_txn(subject)
         before = set(w.git.staged_files())  # the person's, if any: not the revert's
         try:
