@@ -89,6 +89,13 @@ class Paths:
             raise StoreError(f"invalid unsorted shard name {name!r}")
         return self.unsorted / f"{name}.yaml"
 
+    def ensure_data_dirs(self) -> None:
+        """The memory folders, made again when removed (`rm -rf unsorted`, a committed
+        `git rm -r clusters`, `git clean`): before every commit of the writer's."""
+        for d in (self.clusters, self.archive, self.unsorted):
+            if not d.is_dir():
+                d.mkdir(parents=True, exist_ok=True)
+
     def ensure_dirs(self) -> None:
         for d in (self.clusters, self.archive, self.unsorted, self.prompts):
             d.mkdir(parents=True, exist_ok=True)

@@ -155,6 +155,7 @@ class WriteContext:
         marker, a crash after it loses nothing."""
         self.w.check_writable()
         self.check_no_staged()
+        self.paths.ensure_data_dirs()
         w = self.w
         change, shards = self._change()
         w.begin_txn(subject, self.touched_paths())
@@ -259,7 +260,7 @@ class WriteContext:
             self._blobs[rel] = None
             return
         data = text.encode("utf-8")
-        atomic_write_text(path, text, sync_dir=False, fsync=fsync)
+        atomic_write_text(path, text, sync_dir=False, fsync=fsync, make_dir=True)
         self._blobs[rel] = blob_id(data)
 
     def revert(
