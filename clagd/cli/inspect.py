@@ -90,6 +90,8 @@ def _attention(s: dict[str, Any]) -> list[str]:
         out.append(f"INBOX      {s['inbox']['rejected_refused']}")
     if s.get("ignored_files"):
         out.append(f"IGNORED    {', '.join(s['ignored_files'][:5])} (not memory files)")
+    if s.get("special_files"):
+        out.append(f"SPECIAL    {'; '.join(s['special_files'][:5])} (never read as memories)")
     gc = s.get("git_gc") or {}
     if str(gc.get("last_result", "")).startswith("failed"):
         out.append(f"GIT GC     {gc['last_result']}")

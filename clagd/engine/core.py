@@ -63,6 +63,7 @@ from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
 from clagd.store.packing import ObjectPacker
+from clagd.store.special import SpecialFiles
 from clagd.store.writer import DATA_DIRS, StoreChange, WriteContext, Writer
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class Engine:
         # the store's own caches of its files (never shared with another store's)
         self.fragments = Fragments()
         self.ignored = IgnoredFiles(self.root)
+        self.special = SpecialFiles(self.root, DATA_DIRS)
         state = self._load()
         self._archive_index: Index | None = None
         self._archived = dict(state.archived)
@@ -214,7 +216,11 @@ class Engine:
         or a person's staged files (a `stash pop`, a git command that lost git's race for
         HEAD: writes pause until the person commits or resets). Served before they are
         committed, such a change would stay served after a `reset --hard` drops it."""
-        pending = sorted({p for p in self.git.dirty_paths(DATA_DIRS) if is_data_path(p)})
+        pending = sorted(
+            {p for p in self.git.dirty_paths(DATA_DIRS) if is_data_path(p)}
+            # a symlink, FIFO or hard-linked file is never read: what HEAD holds is served
+            | {p for p in self.special.refresh() if is_data_path(p)}
+        )
         self._outside_at_start = bool(pending)
         if not pending or not self.head:
             return state
@@ -613,6 +619,7 @@ class Engine:
             paused=self.writer.branch.paused or self.git.pause_reason(locks=False) or "",
             git_gc=self.packer.status(),
             ignored_files=tuple(self.ignored.files()),
+            special_files=self.special.files,
             history=self.writer.history_status(),
             backend=hooks.backend_status() if hooks.backend_status is not None else None,
             inbox=part.get("inbox"),

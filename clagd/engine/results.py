@@ -343,6 +343,7 @@ class Status:
     paused: str
     git_gc: GcStatus
     ignored_files: tuple[str, ...]
+    special_files: tuple[str, ...]  # "folder/name: kind": never read (store/special.py)
     history: HistoryStatus
     backend: DataclassInstance | None = field(default=None, metadata=OMIT_NONE)
     inbox: DataclassInstance | None = field(default=None, metadata=OMIT_NONE)

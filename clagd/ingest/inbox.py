@@ -10,6 +10,7 @@ for `settle_seconds`. A file that cannot become memories goes to `inbox/rejected
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from clagd.errors import BadScope, InboxRejected
 from clagd.model import LINK_KEYS, iso_utc, normalize_content, parse_time
 from clagd.protocol import user_name
 from clagd.scopes import DEFAULT_SCOPE, SCOPE_RE, check_scope
+from clagd.store.special import kind_of, special_kind
 from clagd.yamlio import YamlError, loads
 
 log = logging.getLogger("clagd.inbox")
@@ -323,19 +325,17 @@ def read_file(
     max_items: int,
     setting: str | None = "inbox.max_file_bytes",
     scope: str | None = None,
+    follow: bool = True,
 ) -> list[Item]:
     """The items of one file. `setting`: the clagd.yaml key that sets `max_bytes`, named
     when a file is over it (None: a fixed limit, `clagd import`'s). `scope`: as for
-    `parse_text` (the file's `inbox/<scope>/` folder)."""
-    size = path.stat().st_size
-    if size > max_bytes:
-        where = f"{setting} in clagd.yaml" if setting else "a fixed limit"
-        more = f", or raise {setting}" if setting else ""
-        raise InboxRejected(
-            f"file is {size} bytes, over the limit of {max_bytes} ({where}): split it into "
-            f"smaller files{more}"
-        )
-    raw = path.read_bytes()
+    `parse_text` (the file's `inbox/<scope>/` folder). `follow=False` (the inbox): only a
+    regular file with one name is read (`_read_regular`)."""
+    if not follow:
+        raw = _read_regular(path, max_bytes, setting)
+    else:
+        _check_size(path.stat().st_size, max_bytes, setting)
+        raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -343,6 +343,63 @@ def read_file(
     if text.startswith("\ufeff"):
         text = text[1:]
     return parse_text(path.name, text, max_items, scope)
+
+
+def _read_regular(path: Path, max_bytes: int, setting: str | None) -> bytes:
+    """The bytes of a regular file, never through a link: a FIFO is not waited for (opened
+    without blocking, then refused), a symlink, socket, device or a file with other names
+    (hard-linked) is refused with what it is."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
+            what = special_kind(path) or "not a regular file"
+            raise InboxRejected(not_regular_file(path.name, what)) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        kind = kind_of(st)
+        if kind is not None:
+            raise InboxRejected(not_regular_file(path.name, kind))
+        _check_size(st.st_size, max_bytes, setting)
+        return f.read()
+
+
+def not_regular_file(name: str, kind: str) -> str:
+    """Why an inbox entry that is not a regular file is rejected."""
+    return (
+        f"inbox/{name} is {kind}, not a regular file: only regular files are read (write "
+        "the memory into a plain file, or copy it in)"
+    )
+
+
+def _check_size(size: int, max_bytes: int, setting: str | None) -> None:
+    if size > max_bytes:
+        where = f"{setting} in clagd.yaml" if setting else "a fixed limit"
+        more = f", or raise {setting}" if setting else ""
+        raise InboxRejected(
+            f"file is {size} bytes, over the limit of {max_bytes} ({where}): split it into "
+            f"smaller files{more}"
+        )
+
+
+def _specials_in(folder: Path, prefix: str) -> list[tuple[str, str]]:
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    out = []
+    for e in entries:
+        if ignored_name(e.name):
+            continue
+        try:
+            kind = kind_of(e.stat(follow_symlinks=False))
+        except OSError:
+            continue
+        if kind is not None and kind != "a folder":
+            out.append((prefix + e.name, kind))
+    return out
 
 
 @dataclass
@@ -419,6 +476,15 @@ class InboxTracker:
             ]
         return sorted(names)
 
+    def specials(self) -> list[tuple[str, str]]:
+        """(name, kind) of each entry of the inbox (and its scope folders) that is not a
+        regular file with one name: a symlink, FIFO, socket, device, a hard-linked file
+        (never read: rejected with what it is). Folders are scopes' or the daemon's."""
+        out = _specials_in(self.root, "")
+        for d in scope_dirs(self.root):
+            out += _specials_in(self.root / d, f"{d}/")
+        return sorted(out)
+
     def _still_open(self, name: str) -> bool:
         entry = self._open.get(name)
         if entry is None:
@@ -494,7 +560,10 @@ def reject(inbox: Path, name: str, reason: str) -> Rejection:
         try:
             target = _free_name(rejected, name.replace("/", "_"))  # inbox/bob/x.md: bob_x.md
             os.rename(name, target, src_dir_fd=inbox_fd, dst_dir_fd=rejected)
-            _write_new(rejected, target + ".error", error_text(reason))
+            error = error_name(target)
+            if error != target + ".error":  # shortened: it names the file it is about
+                reason = f"{reason}\nfile: {target}"
+            _write_new(rejected, error, error_text(reason))
         finally:
             os.close(rejected)
     finally:
@@ -508,8 +577,37 @@ def reject(inbox: Path, name: str, reason: str) -> Rejection:
 def error_text(reason: str) -> str:
     """The .error file: every line a comment, no control character, so that no shell (or
     other interpreter) that is made to read it runs any of the input it quotes."""
-    readable = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in reason)
-    return f"# {readable}\n# rejected at {iso_utc()}\n"
+    lines = [
+        "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in line)
+        for line in reason.split("\n")
+    ]
+    return "".join(f"# {line}\n" for line in lines) + f"# rejected at {iso_utc()}\n"
+
+
+NAME_MAX = 255  # bytes in one file name (Linux file systems)
+
+
+def error_name(target: str) -> str:
+    """`<target>.error`, or, when that is over NAME_MAX bytes (a 250-byte inbox name),
+    the name cut at a character boundary plus a hash of the whole: still one per file."""
+    name = target + ".error"
+    raw = os.fsencode(target)
+    if len(os.fsencode(name)) <= NAME_MAX:
+        return name
+    digest = hashlib.sha1(raw).hexdigest()[:8]
+    cut = raw[: NAME_MAX - len(".error") - len(digest) - 1]
+    stem = cut.decode("utf-8", errors="ignore") if _utf8(raw) else os.fsdecode(cut)
+    while len(os.fsencode(stem)) > len(cut):  # never over: a cut escape may not grow it
+        stem = stem[:-1]
+    return f"{stem}~{digest}.error"
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _rejected_dir(inbox: Path, inbox_fd: int) -> tuple[int, str]:
@@ -569,7 +667,7 @@ def _private_subdir(parent_fd: int, name: str) -> int:
 def _free_name(dir_fd: int, name: str) -> str:
     """`name`, or `stem.N.suffix`: a name taken neither by a file nor by its .error."""
     target, n = name, 1
-    while _exists(dir_fd, target) or _exists(dir_fd, target + ".error"):
+    while _exists(dir_fd, target) or _exists(dir_fd, error_name(target)):
         stem, dot, suffix = name.rpartition(".")
         target = f"{stem}.{n}.{suffix}" if dot else f"{name}.{n}"
         n += 1

@@ -36,6 +36,7 @@ from clagd.ingest.inbox import (
     Item,
     ignored_name,
     name_scope,
+    not_regular_file,
     read_file,
     reject,
 )
@@ -174,6 +175,7 @@ class InboxWatcher:
         self.failures = 0
         self.consecutive_failures = 0
         self.last_error = ""
+        self._unmovable: set[str] = set()  # inbox files that could not be rejected (logged)
         self.paused_until = 0.0
         self.paused = ""  # why ingestion waits for the person (see errors.Paused)
         self.loop_errors = 0  # unexpected errors of the loop itself (it goes on)
@@ -378,6 +380,7 @@ class InboxWatcher:
                     self.cfg.max_file_bytes,
                     self.cfg.max_items_per_file,
                     scope=name_scope(name),
+                    follow=False,
                 )
                 again = os.stat(path)
             except Exception:  # noqa: BLE001 - the pass reads it again and says what is wrong
@@ -414,7 +417,7 @@ class InboxWatcher:
     def _process(self) -> int:
         if time.monotonic() < self.paused_until:
             return 0
-        handled = 0
+        handled = self._reject_specials()
         while True:
             ready, waiting = self.tracker.ready()
             batch: list[tuple[str, list[Item]]] = []
@@ -441,6 +444,15 @@ class InboxWatcher:
             threading.Timer(self.cfg.settle_seconds / 2 + 0.05, self._wake.set).start()
         return handled
 
+    def _reject_specials(self) -> int:
+        """Move every inbox entry that is not a regular file (a FIFO, a symlink, a socket,
+        a device, a folder, a hard-linked file) to rejected/ with what it is: never read
+        (a FIFO would block the watcher), never left in the inbox unreported."""
+        specials = self.tracker.specials()
+        for name, kind in specials:
+            self._reject(name, not_regular_file(name, kind))
+        return len(specials)
+
     def _read(self, name: str) -> tuple[list[Item], str]:
         """One file's items, or why not: ("", "wait") still being written, "rejected" moved
         to rejected/ with its reason, "gone". Any error from a file's content rejects it."""
@@ -451,7 +463,10 @@ class InboxWatcher:
         try:
             cfg = self.cfg
             scope = name_scope(name)
-            return read_file(path, cfg.max_file_bytes, cfg.max_items_per_file, scope=scope), "ok"
+            items = read_file(
+                path, cfg.max_file_bytes, cfg.max_items_per_file, scope=scope, follow=False
+            )
+            return items, "ok"
         except FileNotFoundError:
             self.tracker.forget(name)
             return [], "gone"
@@ -511,7 +526,12 @@ class InboxWatcher:
             self.rejected_refused = reject(self.inbox, name, reason).refused
             self.files_rejected += 1
         except OSError as exc:
-            log.error("cannot move %s to rejected/: %s", name, exc)
+            # %r: a newline in a name cannot forge a log line; logged once per name, and
+            # shown in status until a pass goes through
+            self.last_error = f"cannot move {name!r} to rejected/: {exc}"
+            if name not in self._unmovable:
+                self._unmovable.add(name)
+                log.error("%s", self.last_error)
         self.tracker.forget(name)
 
     def _fail(self, exc: Exception) -> None:

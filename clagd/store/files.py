@@ -24,6 +24,7 @@ from clagd.model import (
     one_line,
 )
 from clagd.store.durable import atomic_write_text
+from clagd.store.special import not_regular, special_kind
 from clagd.yamlio import YamlError, block_list_texts, dumps, list_items, load_yaml_file, loads
 
 CLUSTERS = "clusters"
@@ -273,13 +274,14 @@ def _is_data_path_slow(rel: str) -> bool:
 
 
 def data_files(root: Path) -> list[str]:
-    """Every store file that holds memories, relative to the store."""
+    """Every store file that holds memories, relative to the store: regular files only (a
+    symlink, FIFO or hard-linked file is never read; `store/special.py`)."""
     return [
         rel
         for d in (CLUSTERS, ARCHIVE, UNSORTED)
         if (Path(root) / d).is_dir()
         for f in sorted((Path(root) / d).glob("*.yaml"))
-        if is_data_path(rel := f"{d}/{f.name}")
+        if is_data_path(rel := f"{d}/{f.name}") and special_kind(f) is None
     ]
 
 
@@ -372,7 +374,11 @@ def parse_files(
             continue  # not a memory file: ignored (listed in status)
         full = paths.root / p
         text = texts.get(rel) if texts is not None else None
-        there = rel in texts if texts is not None else full.exists()
+        there = rel in texts if texts is not None else os.path.lexists(full)
+        kind = special_kind(full) if there and texts is None else None
+        if kind is not None:
+            errors.append(not_regular(rel, kind))  # never opened: a FIFO would block
+            continue
         if there and fragments and text is None and p.parts[0] != ARCHIVE:
             try:
                 text = full.read_text(encoding="utf-8")

@@ -27,6 +27,8 @@ from clagd.store.gitcommit import Commits
 from clagd.store.gitlog import CommitInfo, format_message, read_log
 from clagd.store.gitrefs import BRANCH_KEY
 
+REGULAR_MODES = ("100644", "100755")  # git's modes of a regular file
+
 log = logging.getLogger("clagd.git")
 
 
@@ -109,7 +111,9 @@ class GitStore(Commits):
         entries = []
         for entry in out.split("\0"):
             meta, _, path = entry.partition("\t")
-            if path and meta.split()[1] == "blob":
+            # regular files only: a symlink committed in place of a memory file (mode
+            # 120000) holds its target's name, not memories (store/special.py)
+            if path and meta.split()[1] == "blob" and meta.split()[0] in REGULAR_MODES:
                 entries.append((path, meta.split()[2]))
         if not entries:
             return {}
