@@ -19,7 +19,7 @@ log = logging.getLogger("clagd")
 
 def recover(git: GitStore, paths: Paths) -> list[str]:
     """Undo half-done work and return one note per thing done (shown in `status`)."""
-    txn = paths.root / ".git" / TXN_FILE  # in .git/: `git clean -fdx` cannot remove it
+    txn = git.gitdir / TXN_FILE  # in .git/: `git clean -fdx` cannot remove it
     # a revert or cherry-pick in progress is abandoned only when it was the daemon's own
     notes = git.recover(own_operation=txn.exists())
     if txn.exists():

@@ -37,6 +37,33 @@ GIT_ENV = {
 }
 
 
+def git_dir(root: Path) -> Path:
+    """The store's git directory: `.git`, or the folder a `.git` file names (`gitdir:
+    <path>`: a linked worktree, a submodule). Read from the file, no git command."""
+    dot = Path(root) / ".git"
+    try:
+        if not dot.is_file():
+            return dot
+        text = dot.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return dot
+    if not text.startswith("gitdir:"):
+        return dot
+    target = Path(text[len("gitdir:") :].strip())
+    return target if target.is_absolute() else (Path(root) / target).resolve()
+
+
+def common_dir(gitdir: Path) -> Path:
+    """Where a linked worktree's objects and refs are (its `commondir` file); the git
+    directory itself otherwise."""
+    try:
+        text = (gitdir / "commondir").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return gitdir
+    target = Path(text)
+    return target if target.is_absolute() else (gitdir / target).resolve()
+
+
 def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The process environment with `GIT_ENV` (and `extra`): for a git run as a subprocess
     outside `GitRunner`."""
@@ -49,7 +76,8 @@ class GitRunner:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.gitdir = self.root / ".git"
+        self.gitdir = git_dir(self.root)  # a `.git` file (linked worktree) is followed
+        self.commondir = common_dir(self.gitdir)
         self.git = Git(str(self.root))
         self._lock_stuck_until = 0.0
         self.git.update_environment(**GIT_ENV)

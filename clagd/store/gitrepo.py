@@ -60,13 +60,13 @@ class GitStore(Commits):
         cherry-pick in progress is abandoned only when `own_operation` (the daemon's
         transaction marker says it was its own revert): a person's merge, rebase or
         revert is theirs to finish, and the daemon waits for it (`pause_reason`)."""
-        notes = gitstate.remove_stale_locks(self.gitdir)
+        notes = gitstate.remove_stale_locks(self.gitdir, self.commondir)
         for marker in ("REVERT_HEAD", "CHERRY_PICK_HEAD") if own_operation else ():
             if (self.gitdir / marker).exists():
                 self.succeeds("revert", "--quit")
                 self.succeeds("cherry-pick", "--quit")
                 notes.append(f"abandoned an unfinished git operation ({marker})")
-        notes += gitstate.drop_unsynced(self.gitdir)
+        notes += gitstate.drop_unsynced(self.gitdir, self.commondir)
         # Refresh the stat data in git's index once: after a clone, a copy, or a commit made
         # in the same second as a file's last write, every `git status` (run with
         # GIT_OPTIONAL_LOCKS=0, so it never saves a refresh) would re-read and hash those

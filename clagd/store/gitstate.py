@@ -82,14 +82,16 @@ def pause_reason(gitdir: Path, branch: str, wait: bool = False, locks: bool = Tr
     return None
 
 
-def remove_stale_locks(gitdir: Path) -> list[str]:
+def remove_stale_locks(gitdir: Path, commondir: Path | None = None) -> list[str]:
     """Remove the lock files a git command killed with the daemon left behind: the index's,
     but also HEAD's, ORIG_HEAD's and the refs' (git commit locks those while it updates
-    them). Only at start-up, with the store lock held. Returns what was removed."""
+    them). Only at start-up, with the store lock held. Returns what was removed.
+    `commondir`: a linked worktree's shared folder (refs, packed-refs, config)."""
+    common = commondir or gitdir
     notes = []
     locks = [gitdir / n for n in ("index.lock", "HEAD.lock", "ORIG_HEAD.lock")]
-    locks += [gitdir / n for n in ("packed-refs.lock", "config.lock")]
-    locks += sorted((gitdir / "refs").rglob("*.lock")) if (gitdir / "refs").is_dir() else []
+    locks += [common / n for n in ("packed-refs.lock", "config.lock")]
+    locks += sorted((common / "refs").rglob("*.lock")) if (common / "refs").is_dir() else []
     for lock in locks:
         try:
             age = time.time() - lock.stat().st_mtime
@@ -99,7 +101,8 @@ def remove_stale_locks(gitdir: Path) -> list[str]:
             time.sleep(STALE_LOCK_AGE - age)  # maybe a live git command of the user's
         if lock.exists():
             lock.unlink()
-            notes.append(f"removed a stale .git/{lock.relative_to(gitdir)}")
+            where = lock.relative_to(common if lock.is_relative_to(common) else gitdir)
+            notes.append(f"removed a stale .git/{where}")
     return notes
 
 
@@ -116,14 +119,14 @@ def mark_unsynced(gitdir: Path) -> None:
     fsync_dir(path.parent)
 
 
-def drop_unsynced(gitdir: Path) -> list[str]:
+def drop_unsynced(gitdir: Path, commondir: Path | None = None) -> list[str]:
     """After a kill (or a power loss) between `git add` and the flush: the objects written
     since the mark may be torn. Nothing refers to them, but git would reuse one for the
     same content, so the unreadable ones go."""
     unsynced = gitdir / UNSYNCED
     if not unsynced.exists():
         return []
-    dropped = drop_broken_objects(gitdir / "objects", unsynced.stat().st_mtime - 2.0)
+    dropped = drop_broken_objects((commondir or gitdir) / "objects", unsynced.stat().st_mtime - 2.0)
     unsynced.unlink()
     return [f"removed {len(dropped)} unreadable loose object(s) after a crash"] if dropped else []
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from clagd.errors import StoreLocked
+from clagd.store.gitcmd import git_dir
 
 LOCK_FILE = "clagd.lock"  # in .git/: `git clean -fdx` and `rm -rf .clagd` leave it alone
 
@@ -18,7 +19,7 @@ class StoreLock:
     start beside a running one whose runtime folder was deleted."""
 
     def __init__(self, store: Path) -> None:
-        self.path = Path(store) / ".git" / LOCK_FILE
+        self.path = git_dir(Path(store)) / LOCK_FILE
         self.fd: int | None = None
 
     def acquire(self) -> None:
@@ -50,7 +51,7 @@ class StoreLock:
 def lock_holder(store: Path) -> int | None:
     """The pid of the daemon holding the store's lock, or None when no daemon does (so a
     "not running" message can be checked before it is printed)."""
-    path = Path(store) / ".git" / LOCK_FILE
+    path = git_dir(Path(store)) / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

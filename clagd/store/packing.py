@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from clagd.store.gitcmd import git_env
+from clagd.store.gitcmd import common_dir, git_dir, git_env
 
 log = logging.getLogger("clagd.git")
 
@@ -50,7 +50,8 @@ GC_NICE = 19
 
 def _packs(root: Path) -> set[str]:
     try:
-        return {p for p in os.listdir(root / ".git" / "objects" / "pack") if p.endswith(".pack")}
+        pack = common_dir(git_dir(root)) / "objects" / "pack"
+        return {p for p in os.listdir(pack) if p.endswith(".pack")}
     except OSError:
         return set()
 

@@ -522,7 +522,7 @@ class Writer(Generic[P]):
     def txn_file(self) -> Path:
         # in .git/: a person's `git clean -fdx` must not remove the mark of a change being
         # written (a kill after it would leave that change staged, taken for the person's)
-        return self.paths.root / ".git" / TXN_FILE
+        return self.git.gitdir / TXN_FILE
 
     def begin_txn(self, what: str, paths: list[str] | None = None) -> None:
         """Mark a change as being written: its subject, then the files it may touch (none
