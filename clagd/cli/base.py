@@ -103,7 +103,8 @@ SCOPE_HELP = (
 )
 
 
-def _checked_scope(value: str | None) -> str | None:
+def checked_scope(value: str | None) -> str | None:
+    """A --scope value checked (None when not given); a bad name is a usage error."""
     from clagd.scopes import BadScope, check_scope
 
     if value is None or value == "":
@@ -116,7 +117,7 @@ def _checked_scope(value: str | None) -> str | None:
 
 def _set_scope(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     """A command's own --scope: it overrides the one given to `clagd` (or $CLAGD_SCOPE)."""
-    scope = _checked_scope(value)
+    scope = checked_scope(value)
     if scope is not None:
         ctx.ensure_object(Ctx).scope = scope
 
@@ -234,7 +235,7 @@ def _answers(path: Path) -> bool:
 @click.pass_context
 def main(ctx: click.Context, store: str | None, socket: str | None, scope: str | None) -> None:
     """clagd: a git-versioned memory daemon for small-language-model agents."""
-    ctx.obj = Ctx(store, socket, _checked_scope(scope))
+    ctx.obj = Ctx(store, socket, checked_scope(scope))
 
 
 class Progress:

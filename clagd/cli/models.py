@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from clagd.cli.base import Ctx, echo, emit, json_option, main, pass_ctx
+from clagd.cli.base import Ctx, checked_scope, echo, emit, json_option, main, pass_ctx
 from clagd.config import BackendKind
 
 
@@ -130,6 +130,14 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
     default=None,
     help="stream N turns per inbox file (default: one LoCoMo session per file)",
 )
+@click.option(
+    "--scope",
+    metavar="NAME",
+    default="default",
+    show_default=True,
+    callback=lambda _c, _p, v: checked_scope(v) or "default",
+    help="store every turn and ask every question in this scope (the figures must not move)",
+)
 @json_option
 def locomo(
     file: str,
@@ -144,6 +152,7 @@ def locomo(
     cached_only: bool,
     protocol: str,
     batch_size: int | None,
+    scope: str,
     as_json: bool,
 ) -> None:
     """Evidence recall and precision of clagd vs flat BM25 and recency on a LoCoMo FILE;
@@ -152,13 +161,23 @@ def locomo(
     from clagd.config import load_config
     from clagd.eval.locomo import eval_command
 
+    if answer and scope != "default":
+        raise click.UsageError("--answer runs in the default scope: leave out --scope")
     config = load_config(file=Path(config_path)) if config_path else None
     opts: dict[str, Any] = {"n": questions, "seed": seed, "budget": budget}
     opts["cached_only"] = cached_only
     opts["formats"] = [f.strip() for f in formats.split(",") if f.strip()]
     sys.exit(
         eval_command(
-            file, ks, as_json, backend, protocol, batch_size, config, opts if answer else None
+            file,
+            ks,
+            as_json,
+            backend,
+            protocol,
+            batch_size,
+            config,
+            opts if answer else None,
+            scope,
         )
     )
 

@@ -42,6 +42,7 @@ from clagd.eval.pipelines import (
     line_tokens,
 )
 from clagd.model import memory_id, normalize_content
+from clagd.scopes import DEFAULT_SCOPE
 from clagd.text import estimate_tokens, tokenize
 
 SYSTEMS = ("clagd", "flat_bm25", "recency")
@@ -158,8 +159,16 @@ class _Run:
 
 
 def pipeline_factory(
-    protocol: str, pipeline: str, batch: int | None, log: Callable[[str], None] | None
+    protocol: str,
+    pipeline: str,
+    batch: int | None,
+    log: Callable[[str], None] | None,
+    scope: str = DEFAULT_SCOPE,
 ) -> Callable[[Config, BackendKind], Pipeline]:
+    """What makes each conversation's pipeline; `scope`: where the run's memories and
+    questions live (the store's protocols only; the development pipelines have none)."""
+    if scope != DEFAULT_SCOPE and pipeline in ("inprocess", "stream-inprocess"):
+        raise ValueError(f"pipeline {pipeline!r} has no scopes: use a protocol's")
     if pipeline == "inprocess":
         return InProcessPipeline
     if pipeline == "stream-inprocess":
@@ -169,13 +178,17 @@ def pipeline_factory(
 
         return replica
     if protocol == "batch":
-        return EnginePipeline
+
+        def engine(config: Config, backend: BackendKind) -> Pipeline:
+            return EnginePipeline(config, backend, scope=scope)
+
+        return engine
     if protocol != "stream":
         raise ValueError(f"unknown protocol {protocol!r} (stream, batch)")
     from clagd.eval.stream import DaemonPipeline
 
     def make(config: Config, backend: BackendKind) -> Pipeline:
-        return DaemonPipeline(config, backend, batch=batch, log=log)
+        return DaemonPipeline(config, backend, batch=batch, log=log, scope=scope)
 
     return make
 
@@ -216,10 +229,12 @@ def _conversation(
     backend: BackendKind,
     run: _Run,
     bar: Progress,
+    scope: str = DEFAULT_SCOPE,
 ) -> None:
-    """One conversation: a fresh pipeline, its turns in, its questions out."""
+    """One conversation: a fresh pipeline, its turns in, its questions out (the turns'
+    memory ids are those of `scope`)."""
     turns = conversation_turns(conv)
-    by_dia = {t.dia_id: memory_id(t.content) for t in turns}
+    by_dia = {t.dia_id: memory_id(t.content, scope) for t in turns}
     base = Baselines(turns, config, max(run.ks))
     run.memories += len(base.ids)
     run.conversations += 1
@@ -233,7 +248,8 @@ def _conversation(
             f"{time.monotonic() - t0:.1f}s ({org['sessions']} sessions, {org['clusters']} "
             f"clusters, {org['routed']} routed, {org['unsorted']} unsorted)"
         )
-        _ask(pipe, base, qs, by_dia, run, bar, {memory_id(t.content): t.session for t in turns})
+        sessions = {memory_id(t.content, scope): t.session for t in turns}
+        _ask(pipe, base, qs, by_dia, run, bar, sessions)
         for key, value in pipe.organization().items():
             run.org[key] = run.org.get(key, 0) + value
     finally:
@@ -251,8 +267,10 @@ def run_eval(
     max_questions: int | None = None,
     protocol: str = "stream",
     batch: int | None = None,
+    scope: str = DEFAULT_SCOPE,
 ) -> dict[str, Any]:
     """Evaluate retrieval on a LoCoMo-format file with one protocol; the `--json` object.
+    `scope`: the scope every memory and question of the run is in.
 
     `protocol`: "stream" (a running daemon's inbox) or "batch" (everything at once, one
     session). `pipeline="inprocess"` runs organizer + index without a store instead
@@ -265,10 +283,10 @@ def run_eval(
     work = [(c, questions(c)[:max_questions] if max_questions else questions(c)) for c in convs]
     label = pipeline if pipeline in ("inprocess", "stream-inprocess") else protocol
     bar = Progress(sum(len(q) for _, q in work), progress, f"locomo {label}")
-    make = pipeline_factory(protocol, pipeline, batch, bar.line if progress else None)
+    make = pipeline_factory(protocol, pipeline, batch, bar.line if progress else None, scope)
     run = _Run(ks)
     for conv, qs in work:
-        _conversation(conv, qs, make, config, backend, run, bar)
+        _conversation(conv, qs, make, config, backend, run, bar, scope)
     result = run.summary()
     result["backend"] = backend
     result["protocol"] = label
@@ -357,6 +375,7 @@ def eval_command(
     batch: int | None = None,
     config: Config | None = None,
     answer: dict[str, Any] | None = None,
+    scope: str = DEFAULT_SCOPE,
 ) -> int:
     """What `clagd eval locomo FILE [--protocol stream|batch|both] [--batch N] [--k 5,10]
     [--json] [--backend ...] [--config CLAGD_YAML] [--answer ...]` runs; the exit code.
@@ -365,11 +384,13 @@ def eval_command(
     ks = cutoffs(ks)
     config = config or Config()
     if answer is not None:
+        if scope != DEFAULT_SCOPE:
+            raise ValueError("--answer runs in the default scope: leave out --scope")
         return _answer_command(file, ks, as_json, backend, protocol, config, answer)
     protocols = PROTOCOLS if protocol == "both" else (protocol,)
     result = run_protocols(
         file, protocols, ks=ks, backend=backend or "none", progress=True, batch=batch,
-        config=config,
+        config=config, scope=scope,
     )  # fmt: skip
     if as_json:
         print(json.dumps(result, indent=2))

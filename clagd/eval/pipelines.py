@@ -29,6 +29,7 @@ from clagd.organize.lexical import organize_all
 from clagd.protocol import to_wire
 from clagd.retrieval.index import Index
 from clagd.retrieval.results import label_tokens
+from clagd.scopes import DEFAULT_SCOPE
 from clagd.text import estimate_tokens
 
 
@@ -110,7 +111,9 @@ class EnginePipeline:
     """Protocol `batch`: a fresh store, the engine's ingest of the whole conversation, one
     clustering session over all of it, the engine's query (the path the socket serves)."""
 
-    def __init__(self, config: Config, backend: BackendKind = "none") -> None:
+    def __init__(
+        self, config: Config, backend: BackendKind = "none", scope: str = DEFAULT_SCOPE
+    ) -> None:
         from clagd.engine.core import Engine
         from clagd.engine.hooks import EngineHooks
         from clagd.organize.session import engine_session_runner
@@ -119,6 +122,7 @@ class EnginePipeline:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="clagd-eval-")
         self.backend = backend
+        self.scope = scope  # every memory and question of the run in this scope
         self.config = copy.deepcopy(config)
         self.config.backend.kind = backend
         root, _ = init_store(Path(self._tmp.name) / "store")
@@ -128,14 +132,16 @@ class EnginePipeline:
         )
 
     def ingest(self, turns: list[Turn]) -> None:
-        self.engine.add([{"content": t.content, "created_at": t.created_at} for t in turns])
+        items = [{"content": t.content, "created_at": t.created_at} for t in turns]
+        self.engine.add(items, scope=None if self.scope == DEFAULT_SCOPE else self.scope)
         # one clustering pass over the whole conversation
         self.config.session.sample_size = max(self.config.session.sample_size, len(turns))
         self.engine.recluster(trigger="eval", backend=self.backend)
 
     def query(self, text: str, k: int) -> dict[str, Any]:
         # the eval reads every system's result as the socket's JSON
-        return cast("dict[str, Any]", to_wire(self.engine.query(text, k, token_budget=0)))
+        res = self.engine.query(text, k, token_budget=0, scope=self.scope)
+        return cast("dict[str, Any]", to_wire(res))
 
     def organization(self) -> dict[str, int]:
         return organization_of(cast("dict[str, Any]", to_wire(self.engine.status())))

@@ -30,6 +30,7 @@ from clagd.config import BackendKind, Config
 from clagd.errors import ClagdError
 from clagd.eval.data import Turn, arrivals
 from clagd.eval.pipelines import organization_of
+from clagd.scopes import DEFAULT_SCOPE
 from clagd.store.create import init_store
 from clagd.yamlio import dumps
 
@@ -65,8 +66,10 @@ class DaemonPipeline:
         batch: int | None = None,
         deadline: float = 300.0,
         log: Any = None,
+        scope: str = DEFAULT_SCOPE,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="clagd-eval-")
+        self.scope = scope  # every turn and question of the run in this scope
         base = Path(self._tmp.name)
         self.config = copy.deepcopy(config)
         self.config.backend.kind = backend
@@ -161,6 +164,8 @@ class DaemonPipeline:
         self.dropped += 1
         name = f"{self.dropped:05d}.json"
         items = [{"content": t.content, "created_at": t.created_at} for t in turns]
+        if self.scope != DEFAULT_SCOPE:
+            items = [{**it, "scope": self.scope} for it in items]
         tmp = self.inbox / ".tmp" / name
         tmp.write_text(json.dumps(items), encoding="utf-8")
         os.rename(tmp, self.inbox / name)
@@ -179,7 +184,7 @@ class DaemonPipeline:
                 )
 
     def query(self, text: str, k: int) -> dict[str, Any]:
-        return self.client.query(text, max_memories=k, token_budget=0).to_dict()
+        return self.client.query(text, max_memories=k, token_budget=0, scope=self.scope).to_dict()
 
     def settle(self) -> None:
         """A query is a dialogue round; when the rounds trigger a session, the next question

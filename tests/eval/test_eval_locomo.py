@@ -171,3 +171,18 @@ def test_in_process_stream_replica_answers_like_the_daemon(tmp_path):
     assert replica["organization"]["sessions"] >= 2
     for key in ("recall@5", "recall@10", "precision@10", "tokens"):
         assert replica["clagd"][key] == daemon["clagd"][key]
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="LoCoMo dev file not available")
+@pytest.mark.parametrize("protocol", ["batch", "stream"])
+def test_a_run_in_a_scope_scores_as_the_default_one(tmp_path, protocol):
+    """`clagd eval --scope NAME`: every turn stored and every question asked in one
+    scope; the figures are the default scope's (scopes change no ranking)."""
+    path = _small_file(tmp_path, sessions=2, questions=6)
+    kw = {"ks": (5, 10), "progress": False, "protocol": protocol}
+    plain = run_eval(path, **kw)
+    scoped = run_eval(path, scope="alice", **kw)
+    assert scoped["organization"] == plain["organization"]
+    for key in ("recall@5", "recall@10", "precision@10", "tokens"):
+        assert scoped["clagd"][key] == plain["clagd"][key]
+    assert plain["clagd"]["recall@10"] > 0
