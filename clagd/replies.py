@@ -144,6 +144,7 @@ class ClusterInfo(Reply):
     updated_at: str = ""
     access_count: int = 0
     last_accessed: str | None = None
+    scope: str = DEFAULT_SCOPE  # the scope of its memories (a cluster holds one)
     raw: dict[str, Any] = _raw()
 
 
@@ -281,6 +282,8 @@ class Counts(Reply):
     archived_clusters: int = 0
     archived_memories: int = 0
     unsorted: int = 0
+    # per scope: {"memories", "clusters", "archived_memories", "unsorted"}
+    scopes: dict[str, dict[str, int]] = field(default_factory=dict)
     raw: dict[str, Any] = _raw()
 
 

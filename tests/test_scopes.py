@@ -216,6 +216,8 @@ def test_get_list_clusters_log_status_and_export_per_scope(
         assert all(e["trailers"].get("scopes") != "bob" for e in c.log(5, scope="alice")["entries"])
         per = c.status()["counts"]["scopes"]
         assert per["alice"]["memories"] == 1 and per["bob"]["unsorted"] == 1
+        assert c.status().counts.scopes == per  # the typed reply has them too
+        assert {x.scope for x in c.clusters().clusters} <= {"alice", "bob"}
     files = export_markdown(daemon.root, tmp_path / "out", scope="alice")
     text = "".join(p.read_text() for p in files)
     assert "Alice keeps" in text and "Bob keeps" not in text
