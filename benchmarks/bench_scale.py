@@ -12,11 +12,18 @@ Unix socket:
 and, in the same run over the same memories, flat rank-bm25 (BM25Okapi.get_top_n) and bm25s
 (in-process, no socket), as ratios.
 
-Memories are LoCoMo turns recombined (`corpus.py`); clusters are runs of 50 consecutive
-memories written straight into cluster files (what a clustering session would produce).
+Memories are LoCoMo turns recombined (`corpus.py`). Two store layouts (`--layouts`):
+`realistic` (issue 26: bursts organized by the lexical organizer with its own cluster
+sizes, `realistic.py`, about 12 memories a cluster) and `runs50`, the old one (runs of 50
+consecutive memories written straight into cluster files). On each, also (`--holds`):
+  * a session's wall time and the longest writer hold of its operations
+    (`status.writer.longest_by_op`), with `add` latency (1 client, back to back) while the
+    session runs, while a route pass runs (a burst dropped into the inbox) and while the
+    archive job runs (its cold age set so about 2% of the clusters are cold);
+  * clusters over `session.max_cluster_size` after all that.
 
     python benchmarks/bench_scale.py [--sizes 1000,10000,100000] [--queries 300] [--repeats 3]
-        [--organize-size 10000] [--organize-burst 10000] [--json]
+        [--layouts realistic,runs50] [--organize-size 10000] [--organize-burst 10000] [--json]
 
 `--sizes ""` runs only the while-organizing rows; `--organize-size 0` skips them. Those
 rows are measured once per `--organize-query-processes` value (default 0 and 1: the daemon
@@ -33,7 +40,9 @@ import multiprocessing as mp
 import os
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -42,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from corpus import memories, queries  # noqa: E402
 from helpers import DaemonProcess, git, make_store, wait_for  # noqa: E402
+from realistic import cold_days, write_realistic  # noqa: E402
 
 from clagd.client import Client  # noqa: E402
 from clagd.model import Cluster, Memory  # noqa: E402
@@ -66,17 +76,28 @@ DEFAULT_SESSIONS = {"memory_add_threshold": 20, "dialogue_round_threshold": 100}
 
 
 def build_store(
-    root: Path, texts: list[str], sessions: dict | None = None, query_processes: int = 1
+    root: Path,
+    texts: list[str],
+    sessions: dict | None = None,
+    query_processes: int = 1,
+    layout: str = "runs50",
+    extra: dict | None = None,
 ) -> Path:
     # the shipped inbox timing (store_template/clagd.yaml), not the tests' faster polling:
     # the debounce is what turns a burst of files into a few large commits
     cfg: dict = {
         "inbox": {"settle_seconds": 1.0, "rescan_seconds": 2.0, "debounce_seconds": 0.3},
         "server": {"query_processes": query_processes},
+        **(extra or {}),
     }
     if sessions:
         cfg["session"] = sessions
     store = make_store(root, cfg)
+    if layout == "realistic":
+        write_realistic(store, texts)
+        git(store, "add", "-A", "clusters")
+        git(store, "commit", "-qm", "bench: clusters (realistic)")
+        return store
     paths = Paths(store)
     for c in range(0, len(texts), PER_CLUSTER):
         chunk = texts[c : c + PER_CLUSTER]
@@ -264,19 +285,116 @@ def flat_baselines(texts: list[str], qs: list[str], n_q: int) -> dict:
     }
 
 
+SESSION_OPS = ("_snapshot_op", "_apply_op", "_size_policy_op")
+
+
+def adds_while(sock: str, busy: Callable[[Client], bool], tag: str, limit: float = 300) -> list:
+    """`add` latencies (ms, one memory each, back to back) while `busy(status client)`."""
+    out: list[float] = []
+    t0 = time.perf_counter()
+    with Client(sock, timeout=120) as c, Client(sock, timeout=60) as watch:
+        i = 0
+        while time.perf_counter() - t0 < limit:
+            t = time.perf_counter()
+            c.add(f"bench {tag} add {i}: the user noted item {i} for later")
+            out.append((time.perf_counter() - t) * 1000)
+            i += 1
+            if i % 5 == 0 and not busy(watch):
+                break
+    return out
+
+
+def lat(prefix: str, xs: list[float]) -> dict:
+    xs = xs or [0.0]
+    return {
+        f"{prefix}_p50_ms": pct(xs, 0.5),
+        f"{prefix}_p99_ms": pct(xs, 0.99),
+        f"{prefix}_max_ms": max(xs),
+        f"{prefix}_n": len(xs),
+    }
+
+
+def bench_holds(d: DaemonProcess, sock: str, fresh: list[str]) -> dict:
+    """A session, a route pass and the archive job on the running daemon, with `add`
+    latency while each runs; the session's wall time and longest writer holds."""
+    out: dict = {}
+    with d.client() as c:
+        c.recluster(wait=False)
+
+    def session_on(w: Client) -> bool:
+        a = w.status()["activity"]
+        return bool(a["session_running"] or a["session_queued"])
+
+    say("  adds while a session runs")
+    out.update(lat("add_session", adds_while(sock, session_on, "s")))
+    with d.client() as c:
+        st = c.status()
+    last = st["last_session"] or {}
+    by_op = st["writer"]["longest_by_op"]
+    out["session_s"] = last.get("seconds", 0.0)
+    out["session_status"] = last.get("status", "")
+    out["session_hold_ms"] = max(by_op.get(k, 0.0) for k in SESSION_OPS)
+    say("  adds while a route pass runs")
+    files = st["inbox"]["files_ingested"] + drop_burst(Path(d.root) / "inbox", fresh, 50)
+
+    def routing(w: Client) -> bool:
+        s2 = w.status()
+        return not burst_done(s2, files)
+
+    out.update(lat("add_route", adds_while(sock, routing, "r")))
+    say("  adds while the archive job runs")
+    result: dict = {}
+
+    def archive() -> None:
+        with d.client(timeout=600) as c2:
+            result.update(c2.call("archive"))
+
+    th = threading.Thread(target=archive)
+    th.start()
+    out.update(lat("add_archive", adds_while(sock, lambda _w: th.is_alive(), "a")))
+    th.join()
+    out["archived"] = len(result.get("clusters", []))
+    with d.client() as c:
+        st = c.status()
+        sizes = [x["size"] for x in c.clusters()["clusters"]]
+    by_op = st["writer"]["longest_by_op"]
+    out["route_hold_ms"] = by_op.get("_route_op", 0.0)
+    out["archive_hold_ms"] = by_op.get("_archive_op", 0.0)
+    out["ingest_hold_ms"] = by_op.get("_ingest_op", 0.0)
+    out["over_max"] = sum(1 for x in sizes if x > MAX_CLUSTER)
+    out["largest_cluster"] = max(sizes, default=0)
+    out["rss_after_organizing_mb"] = rss_mb(d.proc.pid) if d.proc else 0.0
+    return out
+
+
+MAX_CLUSTER = 60  # session.max_cluster_size, shipped
+
+
 def median(xs: list[float]) -> float:
     s = sorted(xs)
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
 def bench_size(
-    n: int, n_queries: int, n_ingest: int, tmp: Path, repeats: int = 1, qp: int = 1
+    n: int,
+    n_queries: int,
+    n_ingest: int,
+    tmp: Path,
+    repeats: int = 1,
+    qp: int = 1,
+    layout: str = "runs50",
+    holds: bool = True,
 ) -> dict:
-    say(f"{n}: generating {n} memories")
-    texts = memories(n + n_ingest, seed=5)
-    base, fresh = texts[:n], texts[n:]
-    store = build_store(tmp / f"store-{n}", base, None, qp)
-    sock = tmp / f"s{n}.sock"
+    say(f"{n} ({layout}): generating {n} memories")
+    texts = memories(n + 2 * n_ingest, seed=5)
+    base, fresh, later = texts[:n], texts[n : n + n_ingest], texts[n + n_ingest :]
+    t_build = time.perf_counter()
+    # sessions only when asked (as before: the query figures stay comparable); the
+    # archive's cold age makes the oldest ~2% cold
+    extra = {"archive": {"cold_after_days": cold_days(base, layout, 0.02)}}
+    store = build_store(tmp / f"store-{n}-{layout}", base, None, qp, layout, extra)
+    build_s = time.perf_counter() - t_build
+    sock = tmp / f"s{n}{layout[0]}.sock"
     d = DaemonProcess(store, sock)
     say(f"{n}: starting the daemon from YAML")
     from_yaml = start(d)
@@ -324,6 +442,7 @@ def bench_size(
     st_routed = wait_for(routed, 600, "the route pass", max_delay=0.02)
     routed_s = time.perf_counter() - t
     rss_after = rss_mb(d.proc.pid)
+    held = bench_holds(d, str(sock), later) if holds else {}
     say(f"{n}: clean stop, start from the snapshot")
     d.terminate()
     from_snap = start(d)
@@ -333,7 +452,10 @@ def bench_size(
     say(f"{n}: flat baselines (rank-bm25, bm25s) in-process")
     flat = flat_baselines(base, qs[20:], n_q=min(len(qs) - 20, 300 if n <= 10_000 else 30))
     res = {
+        "layout": layout,
         "memories": n,
+        "build_s": build_s,
+        **held,
         "clusters": st["counts"]["clusters"],
         "startup_yaml_s": from_yaml,
         "startup_yaml_index_load_s": st["load_seconds"],
@@ -360,8 +482,10 @@ def bench_size(
 
 
 ROWS = [
+    ("layout", "layout", "{}"),
     ("memories", "memories", "{:.0f}"),
     ("clusters", "clusters", "{:.0f}"),
+    ("store built in process, s", "build_s", "{:.0f}"),
     ("start-up from YAML, s (until ping)", "startup_yaml_s", "{:.2f}"),
     ("  of which load (parse + index), s", "startup_yaml_index_load_s", "{:.2f}"),
     ("start-up from snapshot, s", "startup_snapshot_s", "{:.2f}"),
@@ -383,6 +507,31 @@ ROWS = [
     ("rank-bm25 p50 / clagd p50 (x)", "x_rank_bm25_p50", "{:.1f}"),
     ("rank-bm25 p99 / clagd p99 (x)", "x_rank_bm25_p99", "{:.1f}"),
     ("bm25s p50 / clagd p50 (x)", "x_bm25s_p50", "{:.2f}"),
+]
+
+HOLD_ROWS = [
+    ("session wall time, s", "session_s", "{:.2f}"),
+    ("  its status", "session_status", "{}"),
+    ("  longest writer hold of its operations, ms", "session_hold_ms", "{:.0f}"),
+    ("add p50 ms while the session runs", "add_session_p50_ms", "{:.1f}"),
+    ("add p99 ms while the session runs", "add_session_p99_ms", "{:.1f}"),
+    ("add max ms while the session runs", "add_session_max_ms", "{:.1f}"),
+    ("  adds", "add_session_n", "{:.0f}"),
+    ("add p50 ms while a route pass runs", "add_route_p50_ms", "{:.1f}"),
+    ("add p99 ms while a route pass runs", "add_route_p99_ms", "{:.1f}"),
+    ("add max ms while a route pass runs", "add_route_max_ms", "{:.1f}"),
+    ("  adds", "add_route_n", "{:.0f}"),
+    ("add p50 ms while the archive job runs", "add_archive_p50_ms", "{:.1f}"),
+    ("add p99 ms while the archive job runs", "add_archive_p99_ms", "{:.1f}"),
+    ("add max ms while the archive job runs", "add_archive_max_ms", "{:.1f}"),
+    ("  adds; clusters archived", "add_archive_n", "{:.0f}"),
+    ("  clusters archived", "archived", "{:.0f}"),
+    ("longest hold, ms: route pass", "route_hold_ms", "{:.0f}"),
+    ("longest hold, ms: archive", "archive_hold_ms", "{:.0f}"),
+    ("longest hold, ms: one ingest batch", "ingest_hold_ms", "{:.0f}"),
+    ("clusters over max_cluster_size (60)", "over_max", "{:.0f}"),
+    ("largest cluster", "largest_cluster", "{:.0f}"),
+    ("RSS, MB (after organizing)", "rss_after_organizing_mb", "{:.0f}"),
 ]
 
 ORG_ROWS = [
@@ -426,15 +575,32 @@ def main() -> None:
         help="server.query_processes values to measure while organizing, side by side "
         "(0: the daemon answers queries itself, the baseline)",
     )
+    ap.add_argument(
+        "--layouts",
+        default="realistic,runs50",
+        help="store layouts per size: realistic (issue 26), runs50 (the old one)",
+    )
+    ap.add_argument("--no-holds", action="store_true", help="skip the session/route/archive part")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     results = []
     orgs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="clagd-scale-", dir="/tmp") as tmp:
         for n in [int(x) for x in a.sizes.split(",") if x]:
-            results.append(
-                bench_size(n, a.queries, a.ingest, Path(tmp), a.repeats, a.query_processes)
-            )
+            for layout in [x for x in a.layouts.split(",") if x]:  # interleaved: same load
+                results.append(
+                    bench_size(
+                        n,
+                        a.queries,
+                        a.ingest,
+                        Path(tmp),
+                        a.repeats,
+                        a.query_processes,
+                        layout,
+                        not a.no_holds,
+                    )
+                )
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
         if a.organize_size:
             for qp in [int(x) for x in a.organize_query_processes.split(",") if x]:
                 orgs.append(
@@ -443,10 +609,12 @@ def main() -> None:
     if a.json:
         print(json.dumps({"sizes": results, "organizing": orgs}, indent=2))
         return
-    width = max(len(r[0]) for r in ROWS + ORG_ROWS)
+    width = max(len(r[0]) for r in ROWS + HOLD_ROWS + ORG_ROWS)
     if results:
-        for label, key, fmt in ROWS:
-            print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(r[key]):>10}" for r in results))
+        for label, key, fmt in ROWS + HOLD_ROWS:
+            if all(key in r for r in results):
+                cells = "  ".join(f"{fmt.format(r[key]):>10}" for r in results)
+                print(f"{label:<{width}}  {cells}")
     if orgs:
         for label, key, fmt in ORG_ROWS:
             print(f"{label:<{width}}  " + "  ".join(f"{fmt.format(o[key]):>10}" for o in orgs))

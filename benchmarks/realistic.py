@@ -12,11 +12,12 @@ clusters it makes are written as cluster files and committed once.
 from __future__ import annotations
 
 import random
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from clagd.config import SessionConfig
-from clagd.model import Cluster, Memory, new_cluster_id
+from clagd.model import Cluster, Memory, new_cluster_id, parse_epoch
 from clagd.organize.lexical import organize
 from clagd.store.files import Paths, write_cluster
 
@@ -77,3 +78,15 @@ def write_realistic(store: Path, texts: list[str]) -> int:
     for c in clusters:
         write_cluster(paths, c)
     return len(clusters)
+
+
+def cold_days(texts: list[str], layout: str, share: float) -> float:
+    """An `archive.cold_after_days` that makes about `share` of the store cold (the oldest
+    memories, so about that share of the clusters), so the archive job has real work but
+    not the whole store: the bench's memories are dated from 2024 on."""
+    if layout == "realistic":
+        times = sorted(parse_epoch(m.created_at) or 0.0 for m in bursts(texts))
+    else:  # runs50 (bench_scale.build_store): memory i of run k at k * 50 h + 10 i s
+        times = [T0.timestamp() + 3600 * 50 * (i // 50) + 10 * (i % 50) for i in range(len(texts))]
+    cut = times[max(0, int(len(times) * share) - 1)]
+    return (time.time() - cut) / 86400 - 0.01

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
@@ -390,24 +390,29 @@ class WriterStatus:
     last_error: str
     longest_op_ms: float
     longest_op: str
+    longest_by_op: dict[str, float]
 
 
 @dataclass
 class Holds:
     """How long the writer thread was held by one operation: the longest since start (or
-    since `reset`), and its name. A benchmark resets it to measure one stretch of work."""
+    since `reset`), its name, and the longest of each kind (a benchmark reads the session's
+    own: `_snapshot_op`, `_apply_op`, `_size_policy_op`)."""
 
     longest_ms: float = 0.0
     longest: str = ""
     ops: int = 0
+    by_op: dict[str, float] = field(default_factory=dict)
 
     def note(self, name: str, ms: float) -> None:
         self.ops += 1
         if ms > self.longest_ms:
             self.longest_ms, self.longest = ms, name
+        if ms > self.by_op.get(name, 0.0):
+            self.by_op[name] = ms
 
     def reset(self) -> None:
-        self.longest_ms, self.longest, self.ops = 0.0, "", 0
+        self.longest_ms, self.longest, self.ops, self.by_op = 0.0, "", 0, {}
 
 
 class Writer(Generic[P]):
@@ -510,6 +515,7 @@ class Writer(Generic[P]):
             self.last_error,
             round(h.longest_ms, 1),
             h.longest,
+            {k: round(v, 1) for k, v in sorted(h.by_op.items())},
         )
 
     def history_status(self) -> HistoryStatus:
