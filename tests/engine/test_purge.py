@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from helpers import DaemonProcess, git, head_contents, make_store, wait_for
 
 from clagd.cli import main
+from clagd.client import ClientError
 
 SECRET = "9731-SECRET"
 PIN = f"The user's PIN is {SECRET}"
@@ -130,3 +133,53 @@ def test_a_purge_in_one_scope_leaves_another_scopes_memory(tmp_path: Path, short
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.kill()
+
+
+class _Follower(DaemonProcess):
+    """`clagd follow REMOTE DIR` as a real subprocess."""
+
+    def __init__(self, remote: str, root: Path, socket_path: Path) -> None:
+        super().__init__(root, socket_path)
+        self.remote = remote
+
+    def command(self) -> list[str]:
+        argv = [sys.executable, "-m", "clagd", "--socket", str(self.socket)]
+        return [*argv, "follow", self.remote, str(self.root)]
+
+
+def test_a_follower_follows_a_purge_pushed_with_force_remote(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    bare = _bare(tmp_path / "remote.git")
+    url = f"file://{bare}"
+    cfg = {"replication": {"remote": url, "retry_seconds": 1}}
+    p = DaemonProcess(make_store(tmp_path / "primary", cfg), short_tmp / "p.sock").start()
+    f = _Follower(url, tmp_path / "follower", short_tmp / "f.sock")
+    try:
+        with p.client() as c:
+            c.add(PIN)
+            c.add("The user likes green tea")
+        wait_for(lambda: _pushed(bare, git(p.root, "rev-parse", "HEAD").strip()), 30, "push")
+        f.start()
+        with f.client() as c:
+            wait_for(lambda: SECRET in c.query("PIN").context, 30, "the follower to serve")
+            with pytest.raises(ClientError) as exc:
+                c.forget(match="PIN")  # a follower's writes go to the primary
+            assert exc.value.code == "read_only"
+        with p.client() as c:
+            res = c.forget(match="pin is 9731", purge=True, force_remote=True)
+            assert res["purge"]["pushed"] == url
+        assert SECRET not in git(bare, "log", "-p", "--all")
+        with f.client() as c:
+            s = c.sync()
+            assert s["rewrites"] == 1 and s["head"] == git(p.root, "rev-parse", "HEAD").strip()
+            assert SECRET not in c.query("PIN").context
+            assert "green tea" in c.query("tea").context
+        assert f.terminate() == 0
+        assert_no_trace(f.root, SECRET)  # objects, reflogs, warm start, every file
+        assert p.terminate() == 0
+        assert_no_trace(p.root, SECRET)
+    finally:
+        for d in (p, f):
+            if d.proc is not None and d.proc.poll() is None:
+                d.kill()
