@@ -50,7 +50,7 @@ from clagd.engine.routing import RouteQueue
 from clagd.engine.stats import AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
-from clagd.errors import BadRequest, BadScope, Conflict, Paused, StoreError
+from clagd.errors import BadRequest, BadScope, Conflict, NotFound, Paused, StoreError
 from clagd.ingest import supersede
 from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
@@ -704,7 +704,12 @@ class Engine:
 
     def _forget_op(self, ctx: WriteContext, req: forgetting.ForgetRequest) -> Forgotten:
         self._outside_op(ctx)  # a hand edit first: the forget rewrites files
-        mems = forgetting.select(ctx, req)
+        try:
+            mems = forgetting.select(ctx, req)
+        except NotFound:
+            if not req.purge:
+                raise
+            return self._purge_earlier(ctx, req)
         sha = forgetting.commit_forget(ctx, req, mems)
         self.forget_copies(ctx, {m.id for m in mems})
         redacted = forgetting.redact_rejected(
@@ -715,6 +720,13 @@ class Engine:
         if purged is not None:
             sha = next((r.new for r in purged.rewritten if r.old == sha), sha)
         return Forgotten(ids, sha, ctx.git.head(), req.scope, tuple(redacted), purged)
+
+    def _purge_earlier(self, ctx: WriteContext, req: ForgetRequest) -> Forgotten:
+        """`--purge` of memories forgotten before without it: out of history now."""
+        mems = forgetting.select_forgotten(ctx.git, req)
+        purged = self._purge(ctx, mems, req)
+        ids = tuple(m.id for m in mems)
+        return Forgotten(ids, None, ctx.git.head(), req.scope, (), purged)
 
     def _purge(self, ctx: WriteContext, mems: list[Memory], req: ForgetRequest) -> Purged:
         """History rewritten without `mems` (writer thread: every write waits), then the

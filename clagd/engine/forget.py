@@ -16,12 +16,13 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from clagd.errors import BadRequest, Conflict, NotFound
+from clagd.errors import BadRequest, ClagdError, Conflict, NotFound
 from clagd.model import MEMORY_ID_RE, Cluster, Memory
 from clagd.scopes import DEFAULT_SCOPE, check_scope, scopes_trailer
 from clagd.store.drop import drop_memories
 from clagd.store.gitrepo import GitStore
 from clagd.store.writer import WriteContext
+from clagd.yamlio import YamlError, loads
 
 MAX_IDS = 10_000  # ids one forget takes (a trailer line, and a request, stay bounded)
 MAX_MATCH = 1_000  # characters of a --match text
@@ -164,6 +165,66 @@ def forgotten_ids(git: GitStore) -> set[str]:
         "HEAD",
     )
     return {t for t in out.split() if MEMORY_ID_RE.match(t)}
+
+
+def forgotten_memories(git: GitStore) -> dict[str, Memory]:
+    """The memories the forget commits on the branch took out, as each one's parent held
+    them (what a later `--purge` of an earlier forget needs: the text to take out)."""
+    if not git.head():
+        return {}
+    out = git.run("log", "-F", "--grep=Clagd-Kind: forget", "--format=%H %P", "HEAD")
+    found: dict[str, Memory] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        sha, parent = parts
+        files = [p for p in git.changed_files(sha) if p.endswith(".yaml")]
+        for text in git.texts_at(parent, files).values():
+            for m in _memories_in(text):
+                found.setdefault(m.id, m)
+    gone = forgotten_ids(git)
+    return {mid: m for mid, m in found.items() if mid in gone}
+
+
+def _memories_in(text: str) -> list[Memory]:
+    try:
+        data = loads(text)
+    except (YamlError, ValueError, RecursionError):
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
+        return []
+    given = data.get("scope")
+    scope = given if isinstance(given, str) else DEFAULT_SCOPE
+    out = []
+    for d in data["memories"]:
+        try:
+            out.append(Memory.from_dict(d, scope))
+        except (KeyError, TypeError, ValueError, ClagdError):
+            continue
+    return out
+
+
+def select_forgotten(git: GitStore, req: ForgetRequest) -> list[Memory]:
+    """For `--purge` of memories forgotten before (not in HEAD any more): the ones `req`
+    names among those the branch's forget commits took out. NotFound as `select`."""
+    known = forgotten_memories(git)
+    if req.ids:
+        missing = [mid for mid in req.ids if mid not in known or known[mid].scope != req.scope]
+        if missing:
+            raise NotFound(
+                f"no memory {missing[0]} in scope {req.scope}, in HEAD or forgotten before: "
+                "nothing forgotten"
+            )
+        return [known[mid] for mid in dict.fromkeys(req.ids)]
+    needle = str(req.match).casefold()
+    out = [m for m in known.values() if needle in m.content.casefold() and m.scope == req.scope]
+    if not out:
+        raise NotFound(
+            f"no memory in scope {req.scope} contains '{req.match}', in HEAD or forgotten "
+            "before: nothing forgotten"
+        )
+    return out
 
 
 def redact_rejected(rejected: Path, texts: list[str]) -> list[str]:

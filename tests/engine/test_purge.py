@@ -183,3 +183,26 @@ def test_a_follower_follows_a_purge_pushed_with_force_remote(
         for d in (p, f):
             if d.proc is not None and d.proc.poll() is None:
                 d.kill()
+
+
+def test_a_memory_forgotten_before_is_purged_later(tmp_path: Path, short_tmp: Path) -> None:
+    d = DaemonProcess(make_store(tmp_path / "memory"), short_tmp / "s.sock").start()
+    try:
+        with d.client() as c:
+            pin = c.add(PIN)["ids"][0]
+            c.add("The user likes green tea")
+            c.forget(ids=[pin])  # out of HEAD; history still holds it
+            assert SECRET in git(d.root, "log", "-p", "--all")
+            res = c.forget(ids=[pin], purge=True)
+            assert res["forgotten"] == [pin] and res["commit"] is None
+            assert res["purge"]["rewritten"]
+            with pytest.raises(ClientError) as exc:
+                c.forget(ids=["m-0000000000000000"], purge=True)
+            assert exc.value.code == "not_found" and "forgotten before" in exc.value.message
+            assert "green tea" in c.query("tea").context
+        assert_no_trace(d.root, SECRET, files=False)
+        assert d.terminate() == 0
+        assert_no_trace(d.root, SECRET)
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.kill()
