@@ -35,8 +35,10 @@ def cold_clusters(
             continue
         _count, last = stats.cluster(c.id)
         if last is None:
-            # never read: as cold as its last change (an unknown time counts as the oldest)
-            last = max(parse_epoch(c.updated_at) or 0.0, parse_epoch(c.created_at) or 0.0)
+            # never read since the statistics began: as cold as its last change or their
+            # start, whichever is later (lost statistics are "unknown", not "cold")
+            changed = max(parse_epoch(c.updated_at) or 0.0, parse_epoch(c.created_at) or 0.0)
+            last = max(changed, stats.since)
         if now - last >= cfg.cold_after_days * 86400:
             cold.append(c.id)
     return sorted(cold)

@@ -47,7 +47,7 @@ from clagd.engine.results import (
     Thawed,
 )
 from clagd.engine.routing import RouteQueue
-from clagd.engine.stats import AccessStats
+from clagd.engine.stats import STATS_FILE, AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
 from clagd.errors import BadRequest, BadScope, Conflict, NotFound, Paused, StoreError
@@ -159,7 +159,7 @@ class Engine:
         self._archive_index: Index | None = None
         self._archived = dict(state.archived)
         self.known = state.memory_ids()
-        self.stats = AccessStats(self.paths.runtime / "stats.json")
+        self.stats = AccessStats(self.git.gitdir / STATS_FILE, self.paths.runtime / "stats.json")
         self.writer: Writer[NextIndex] = Writer(
             self.root,
             state,

@@ -1,5 +1,11 @@
-"""Access statistics: runtime state that changes on every query, so it lives in
-`.clagd/stats.json` (git-ignored) and is saved periodically, never committed."""
+"""Access statistics: runtime state that changes on every query, saved periodically, never
+committed. They live in `.git/clagd-stats.json`, beside the lock, where `git clean -fdx`
+and `rm -rf .clagd` do not reach (a store's `.clagd/stats.json` of before is taken over
+once and removed).
+
+No statistics means "unknown", not "cold": `since` is when these statistics began (their
+file was made, or found missing), and a cluster never read since then counts as read at
+that time, so a store that lost them archives nothing by their absence."""
 
 from __future__ import annotations
 
@@ -14,28 +20,44 @@ from clagd.store.durable import atomic_write_text
 log = logging.getLogger("clagd.stats")
 
 
+STATS_FILE = "clagd-stats.json"  # in .git/: no cleaning of the working tree removes it
+
+
 class AccessStats:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, legacy: Path | None = None) -> None:
         self.path = Path(path)
+        self.legacy = Path(legacy) if legacy is not None else None  # `.clagd/stats.json`
         self._lock = threading.Lock()
         self.memories: dict[str, list[float]] = {}  # id -> [access_count, last_accessed]
         self.clusters: dict[str, list[float]] = {}
+        self.since = time.time()  # when these statistics began (see the module's docstring)
         self._dirty = False
         self.load()
 
     def load(self) -> None:
+        source = self.path
+        if not source.exists() and self.legacy is not None and self.legacy.exists():
+            source = self.legacy  # taken over: saved to `path`, then removed
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(source.read_text(encoding="utf-8"))
             self.memories = {
                 str(k): [float(v[0]), float(v[1])] for k, v in data.get("memories", {}).items()
             }
             self.clusters = {
                 str(k): [float(v[0]), float(v[1])] for k, v in data.get("clusters", {}).items()
             }
+            since = data.get("since")
+            if isinstance(since, (int, float)) and 0 < since <= self.since:
+                self.since = float(since)
+            else:
+                self._dirty = True  # a file of before: they count from now on
         except FileNotFoundError:
-            pass
+            self._dirty = True  # none at all: unknown until now, saved with `since`
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            log.warning("ignoring unreadable access statistics %s: %s", self.path, exc)
+            log.warning("ignoring unreadable access statistics %s: %s", source, exc)
+            self._dirty = True
+        if source != self.path:
+            self._dirty = True
 
     def record(
         self, memory_ids: list[str], cluster_ids: list[str], when: float | None = None
@@ -83,9 +105,10 @@ class AccessStats:
         with self._lock:
             if not self._dirty:
                 return False
-            data = {"memories": self.memories, "clusters": self.clusters}
+            data = {"since": self.since, "memories": self.memories, "clusters": self.clusters}
             text = json.dumps(data, separators=(",", ":"))
             self._dirty = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, text)
+        if self.legacy is not None:
+            self.legacy.unlink(missing_ok=True)  # taken over: no second copy (a forget)
         return True

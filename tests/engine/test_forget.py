@@ -83,7 +83,8 @@ def test_forget_removes_every_copy(daemon: InProcessDaemon) -> None:
     # access statistics, the writer's file-text cache, the dedupe set
     assert b"4321" not in pickle.dumps(eng.index)
     assert b"4321" not in eng.warmstart.path.read_bytes()
-    assert pin_id not in json.loads((daemon.root / ".clagd" / "stats.json").read_text())["memories"]
+    stats = json.loads((daemon.root / ".git" / "clagd-stats.json").read_text())
+    assert pin_id not in stats["memories"]
     assert eng.fragments.get(pin_id) is None and pin_id not in eng.known
     # the cluster's name and tags do not keep a word only the forgotten memory had
     for cl in eng.state.clusters.values():
