@@ -31,6 +31,7 @@ def status(c: Ctx, as_json: bool) -> None:
         f"head       {(s.head or '')[:10]}",
         f"memories   {n.memories} in {n.clusters} clusters, {n.unsorted} unsorted; "
         f"{n.archived_clusters} archived clusters ({n.archived_memories} memories)",
+        *_scope_lines(n.scopes),
         f"backend    {b.get('active', 'none')} ({b.get('reason', '')})",
         *_gate_lines(b.get("gate") or []),
         f"sessions   {k['sessions']} run, {k['sessions_accepted']} accepted, "
@@ -45,6 +46,17 @@ def status(c: Ctx, as_json: bool) -> None:
         lines.append(f"ATTENTION  outside edit rejected: {s.outside_edit_error}")
     lines += _attention(s.raw)
     echo("\n".join(lines))
+
+
+def _scope_lines(scopes: dict[str, dict[str, int]]) -> list[str]:
+    """One line of memories per scope, when the store holds any but the default."""
+    if set(scopes) <= {"default"}:
+        return []
+    parts = [
+        f"{name} {row.get('memories', 0)} ({row.get('unsorted', 0)} unsorted)"
+        for name, row in sorted(scopes.items())
+    ]
+    return ["scopes     " + ", ".join(parts)]
 
 
 def _query_process_lines(qp: dict[str, Any], uptime: float) -> list[str]:
