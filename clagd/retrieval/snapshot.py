@@ -77,6 +77,7 @@ class Index:
         self.results = ResultCache()
         # metadata filter -> which slots it lets through (`searching.where_mask`)
         self.filters: dict[Where, np.ndarray] = {}
+        self.filter_uses: dict[Where, int] = {}  # queries per filter before its mask
         # scope masks made on first use (`retrieval.scoping`): key -> what it made
         self.scope_cache: dict[object, object] = {}
 

@@ -8,12 +8,14 @@ from index_stores import T0, mem
 
 from clagd.model import Cluster
 from clagd.protocol import check_where
+from clagd.retrieval import searching
 from clagd.retrieval.index import Index
 
 
-def _store() -> Index:
+def _store(padding: int = 0) -> Index:
     """Two clusters: gardening (web notes) and cars, three of whose chat notes mention the
-    garden; and unsorted chat notes. A query for "garden" picks the gardening cluster."""
+    garden; and unsorted chat notes (and `padding` unrelated ones). A query for "garden"
+    picks the gardening cluster."""
     garden = Cluster(
         "c-00000011",
         "Garden Work",
@@ -34,6 +36,9 @@ def _store() -> Index:
     )
     unsorted = [
         mem(f"a chat about the garden shed, note {i}", 300 + i, source="chat") for i in range(2)
+    ]
+    unsorted += [
+        mem(f"the weather report, day {i}", 400 + i, source="chat") for i in range(padding)
     ]
     return Index.build({c.id: c for c in (garden, cars)}, unsorted)
 
@@ -106,3 +111,22 @@ def test_find_gives_a_memory_where_it_is_filed():
     found = ix.find(some.memory.id)
     assert found is not None and found.memory == some.memory and found.cluster_id is None
     assert ix.find("m-0000000000000000") is None
+
+
+def test_testing_the_slots_and_the_mask_give_the_same_answer():
+    """A filter's first queries on a snapshot test their own slots; from the MASK_AFTER-th
+    on (or after a `list`) they read the snapshot's mask: the same answers either way."""
+    ix = _store(padding=400)  # a query's slots are a small part of the store
+    chat = check_where({"source": "chat"})
+    queries = ["garden", "car garden gate", "shed note", "parked gate"]
+    before = [ix.search(q, max_memories=5, token_budget=0, where=chat) for q in queries]
+    assert chat not in ix.filters and all(r.memories for r in before)
+    masked = _store(padding=400)
+    searching.where_mask(masked, chat)
+    after = [masked.search(q, max_memories=5, token_budget=0, where=chat) for q in queries]
+    assert [[h.memory.id for h in r.memories] for r in before] == [
+        [h.memory.id for h in r.memories] for r in after
+    ]
+    for i in range(searching.MASK_AFTER):  # distinct queries: none answered from the cache
+        ix.search(f"garden round {i}", where=check_where({"user": "x"}))
+    assert check_where({"user": "x"}) in ix.filters  # asked often enough: the mask is made
