@@ -126,6 +126,9 @@ class RetrievalConfig:
     freshness_weight: float = 0.1
     confidence_weight: float = 0.1
     superseded_penalty: float = 0.5
+    # among memories whose own BM25 is within this fraction of each other, the newer ranks
+    # first (0: off; docs/retrieval.md, "Newer first")
+    recency_tie: float = 0.2
     # hits scoring below this fraction of the best hit are dropped (0: off)
     min_relative_score: float = 0.0
     # hits matching (themselves or through a time neighbour) no query term at least this
@@ -167,7 +170,7 @@ class IngestConfig:
     assistant_turns: bool = False
     # a new memory restating an older one of its scope with changed values (a number, a
     # name, a place, a date) supersedes it (`clagd/ingest/supersede.py`)
-    auto_supersede: bool = False
+    auto_supersede: bool = True
 
 
 @dataclass

@@ -91,7 +91,7 @@ def check_retrieval(c: _Checker) -> None:
     c.at_least(0, "confidence_weight", "superseded_penalty")
     c.at_least(1, "top_clusters", "slm_refine_candidates")
     c.above(0, "k1", "freshness_half_life_days", "slm_refine_timeout")
-    c.within(0, 1, "b", "min_relative_score", "min_term_rarity")
+    c.within(0, 1, "b", "min_relative_score", "min_term_rarity", "recency_tie")
     c.one_of("idf", ("lucene", "okapi"))
 
 

@@ -66,6 +66,15 @@ def assert_forgotten(out: str) -> None:
     assert "The user's door code" not in out
 
 
+def assert_updated(out: str) -> None:
+    """The update block: one update, the query without the old office and with it, then
+    the second gym superseding the first at ingest."""
+    assert re.search(r"^m-[0-9a-f]{16} supersedes m-[0-9a-f]{16} \([0-9a-f]{10}\)$", out, re.M)
+    assert out.count("The user's office is in York") == 2, out  # both queries
+    assert out.count("The user's office is in Leeds") == 1, out  # only with --superseded
+    assert re.search(r'"supersedes": \{\s*"m-[0-9a-f]{16}": "m-[0-9a-f]{16}"', out), out
+
+
 def test_the_quickstart_scopes_section_runs_as_written(
     shell_env: dict[str, str], daemon_proc: DaemonProcess
 ) -> None:
@@ -73,8 +82,9 @@ def test_the_quickstart_scopes_section_runs_as_written(
     # the Python block opens "./memory": run the blocks from the store's parent folder
     (store.parent / "memory").exists() or (store.parent / "memory").symlink_to(store)
     outs = run_blocks(REPO / "docs" / "quickstart.md", shell_env, store.parent)
-    assert len(outs) == 4
+    assert len(outs) == 5
     assert_forgotten(outs[3])
+    assert_updated(outs[4])
     # each query printed its user's one memory: Alice's, then (CLAGD_SCOPE=bob) Bob's
     shown = [line for line in outs[0].splitlines() if line.startswith("[Memory")]
     assert [line.split("] ", 1)[1] for line in shown] == [
@@ -86,7 +96,8 @@ def test_the_quickstart_scopes_section_runs_as_written(
     def scopes() -> dict[str, str]:
         return {m.content: m.scope for m, _a, _k in load_state(store).all_memories()}
 
-    wait_for(lambda: len(scopes()) == 5, 30, "the two inbox files to be stored")
+    inboxed = ("Alice runs on Sunday mornings", "Alice's cat is called Miso")
+    wait_for(lambda: set(inboxed) <= set(scopes()), 30, "the two inbox files to be stored")
     assert scopes()["Alice runs on Sunday mornings"] == "alice"
     assert scopes()["Alice's cat is called Miso"] == "alice"
     with Client(daemon_proc.socket) as c:

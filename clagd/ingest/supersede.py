@@ -50,6 +50,14 @@ _STATE_VERBS = frozenset(
     "moved changed switched relocated married renamed updated based named scheduled "
     "rescheduled located called set".split()
 )
+# a number after one of these numbers one of several things ("note 7", "part 2", "room 12")
+_LABELS = frozenset(
+    "number no nr note notes part item items step chapter round page episode version room "
+    "ticket bus line entry task story session week day level floor gate seat table track "
+    "issue case order invoice batch lot unit exhibit figure section act scene season".split()
+)
+# a verb after the change: the change was in the subject ("Flight LH 400 is on time")
+_SUBJECT_END = frozenset("is are was were has have had does do will".split())
 _NEGATIONS = frozenset("not no never n't don't doesn't isn't aren't won't".split())
 # the candidates looked at per new memory: the older memories it scores best against
 CANDIDATES = 5
@@ -117,17 +125,35 @@ def changed_value(old: str, new: str) -> bool:
     first_a, first_b = changes[0][1], changes[0][3]
     last_a, last_b = changes[-1][2], changes[-1][4]
     # the same subject and frame before the change: two words at least, no change there
-    if first_a < 2 or first_b < 2 or a.low[:first_a] != b.low[:first_b]:
+    if first_a < 2 or first_b < 2 or _frame(a.low[:first_a]) != _frame(b.low[:first_b]):
         return False
     if _event(a, first_a):
         return False
-    equal = sum(i2 - i1 for tag, i1, i2, _, _ in ops if tag == "equal")
-    if equal < 0.5 * max(len(a.low), len(b.low)):
+    # a numbered thing ("note 7" then "note 8") or a change in the subject: several things
+    v0 = next((i for i in range(first_a, last_a) if a.val[i]), first_a)
+    if a.low[v0 - 1] in _LABELS or _SUBJECT_END.intersection(a.low[last_a:]):
         return False
-    # nothing after the change names a value: the changed word would say which thing
-    if any(a.val[last_a:]) or any(b.val[last_b:]):
+    equal = sum(i2 - i1 for tag, i1, i2, _, _ in ops if tag == "equal")
+    if equal < 0.5 * max(len(_frame(a.low)), len(_frame(b.low))):
+        return False
+    # nothing after the change names a value (past the rest of a changed name: "Station
+    # Road"): the changed word would say which thing
+    if _value_after(a, last_a) or _value_after(b, last_b):
         return False
     return _one_place(a, b, changes)
+
+
+def _frame(words: list[str]) -> list[str]:
+    """The words before a change, without the verbs of a change ("is now", "changed to")."""
+    return [w for w in words if w not in _CHANGE_WORDS]
+
+
+def _value_after(side: _Side, end: int) -> bool:
+    """A value after position `end`, past the run of values that continues the change."""
+    i = end
+    while i < len(side.val) and side.val[i]:
+        i += 1
+    return any(side.val[i:])
 
 
 def _one_place(a: _Side, b: _Side, changes: list[tuple[str, int, int, int, int]]) -> bool:
@@ -143,8 +169,8 @@ def _one_place(a: _Side, b: _Side, changes: list[tuple[str, int, int, int, int]]
     if not va or not vb or va == vb:
         return False
     for tag, i1, i2, j1, j2 in changes:
-        words_a = [w for w, v in zip(a.low[i1:i2], a.val[i1:i2]) if not v and w not in _FILLER]
-        words_b = [w for w, v in zip(b.low[j1:j2], b.val[j1:j2]) if not v and w not in _FILLER]
+        words_a = [w for w, v in zip(a.low[i1:i2], a.val[i1:i2]) if not (v or w in _CHANGE_WORDS)]
+        words_b = [w for w, v in zip(b.low[j1:j2], b.val[j1:j2]) if not (v or w in _CHANGE_WORDS)]
         if len(words_a) + len(words_b) > 2:
             return False
         if tag == "replace" and not (any(a.val[i1:i2]) and any(b.val[j1:j2])):

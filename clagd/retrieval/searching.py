@@ -188,8 +188,45 @@ def rank(
             score[hid] *= ix.cfg.superseded_penalty
         else:
             score[hid] = 0.0
+    if ix.cfg.recency_tie > 0:
+        score = newer_first(ix, cand, score, s, limit)
     weight = ix.memory_bm25.weights(q) if rarity else None
     return top_hits(ix, cand, score, limit, weight), chosen
+
+
+def newer_first(
+    ix: Index, cand: np.ndarray, score: np.ndarray, s: np.ndarray, limit: int
+) -> np.ndarray:
+    """Among hits of near-equal relevance, the newer first (`retrieval.recency_tie`): an
+    eligible memory whose own BM25 is within `recency_tie` (relative) of one of the
+    `limit` best hits' and whose `created_at` is later ranks just above that hit
+    (cluster and neighbour evidence do not decide between two statements of one fact).
+    Only memories the search found are moved; one of unknown time never is. Returns the
+    new scores (docs/retrieval.md, "Newer first")."""
+    delta = ix.cfg.recency_tie
+    nz = np.flatnonzero(score)
+    if len(nz) < 2:
+        return score
+    best = nz[np.argsort(-score[nz], kind="stable")[:limit]]
+    ts, own = ix.memories.ts[cand[nz]], s[cand[nz]]
+    lifted = np.zeros(len(nz), dtype=np.float32)
+    slots = cand[nz]
+    starts = [seg.start for seg in ix.memories.segs]
+    for slot, sa, sc in zip(cand[best].tolist(), s[cand[best]].tolist(), score[best].tolist()):
+        near = (ts > ix.memories.ts[slot]) & (np.abs(own - sa) <= delta * np.maximum(own, sa))
+        if not near.any():
+            continue
+        mine = _terms(ix, slot, starts)
+        for i in np.flatnonzero(near).tolist():
+            theirs = _terms(ix, int(slots[i]), starts)
+            # the same statement: they share most of the shorter one's terms
+            if len(mine & theirs) >= SAME_STATEMENT * min(len(mine), len(theirs)):
+                lifted[i] = max(lifted[i], np.float32(sc) * np.float32(1.0001))
+    if not lifted.any():
+        return score
+    out = score.copy()
+    out[nz] = np.maximum(out[nz], lifted)
+    return out
 
 
 def _hidden(
@@ -406,6 +443,21 @@ def _rarity(ix: Index, slot: int, weight: dict[int, float]) -> tuple[float, floa
     own = _rarest(ix, slot, weight, starts)
     near = max(own, _rarest(ix, int(prev[slot]), weight, starts))
     return own, max(near, _rarest(ix, int(nxt[slot]), weight, starts))
+
+
+# two memories are statements of one thing when they share this fraction of the shorter
+# one's distinct terms (docs/retrieval.md, "Newer first")
+SAME_STATEMENT = 0.6
+
+
+def _terms(ix: Index, slot: int, starts: list[int]) -> set[int]:
+    """The distinct term ids of the memory in `slot` (its forward postings)."""
+    segs = ix.memories.segs
+    i = bisect_right(starts, slot) - 1
+    if i < 0 or slot >= segs[i].stop:
+        return set()
+    seg, j = segs[i], slot - segs[i].start
+    return set(seg.ftid[int(seg.fptr[j]) : int(seg.fptr[j + 1])].tolist())
 
 
 def _rarest(ix: Index, slot: int, weight: dict[int, float], starts: list[int]) -> float:

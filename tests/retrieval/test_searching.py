@@ -81,8 +81,29 @@ def test_superseded_memory_ranks_below_its_successor():
     res = Index.build({c.id: c}, []).search("phone number")
     assert [h.memory.id for h in res.memories[:2]] == [new.id, old.id]
     plain = Cluster("c-000000bb", "Contact Details", memories=[old, new])
-    res2 = Index.build({plain.id: plain}, []).search("phone number")
+    no_tie = RetrievalConfig(recency_tie=0.0)
+    res2 = Index.build({plain.id: plain}, [], no_tie).search("phone number")
     assert res2.memories[0].memory.id == old.id  # without the link the old one wins
+    # ... unless the newer statement of the same thing ranks first (`recency_tie`)
+    res3 = Index.build({plain.id: plain}, []).search("phone number")
+    assert res3.memories[0].memory.id == new.id
+
+
+def test_the_newer_of_two_statements_of_one_fact_ranks_first():
+    """Near-equal own relevance and most terms shared: the newer first, wherever the
+    cluster evidence puts it; another fact sharing only the query's words is not moved."""
+    old = mem("Marta works at Siemens in the design team", 1)
+    busy = [mem(f"Marta works late on project {i}, design reviews", 2 + i) for i in range(3)]
+    team = Cluster("c-000000a1", "Marta at work", memories=[old, *busy])
+    new = mem("Marta works at Bosch in the design team", 90)
+    other = mem("Where Marta works the canteen is cheap", 95)
+    ix = Index.build({team.id: team}, [new, other])
+    hits = {h.memory.id: h.score for h in ix.search("where does marta work", 6).memories}
+    flat = Index.build({team.id: team}, [new, other], RetrievalConfig(recency_tie=0.0))
+    base = {h.memory.id: h.score for h in flat.search("where does marta work", 6).memories}
+    assert base[new.id] < base[old.id]  # the cluster evidence put it below
+    assert hits[new.id] > hits[old.id]
+    assert hits[other.id] == base[other.id]  # another statement: not moved
 
 
 def test_archive_results_are_merged_on_request():
