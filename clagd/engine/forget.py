@@ -19,7 +19,7 @@ from pathlib import Path
 from clagd.errors import BadRequest, ClagdError, Conflict, NotFound
 from clagd.model import MEMORY_ID_RE, Cluster, Memory
 from clagd.scopes import DEFAULT_SCOPE, check_scope, scopes_trailer
-from clagd.store.drop import drop_memories
+from clagd.store.drop import drop_memories, label_words
 from clagd.store.gitrepo import GitStore
 from clagd.store.writer import WriteContext
 from clagd.yamlio import YamlError, loads
@@ -106,27 +106,17 @@ def remove_from_state(ctx: WriteContext, mems: list[Memory]) -> None:
             group[key] = scrub_labels(group[key], mems)
 
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-
 def scrub_labels(c: Cluster, gone: list[Memory]) -> Cluster:
     """`c` without the words of its labels that only the forgotten memories had (a name
-    the lexical organizer made from them would keep them): such a word is dropped from the
-    name, the description and the tags."""
-    kept = {w.casefold() for m in c.memories for w in _WORD.findall(m.content)}
-    only = {w.casefold() for m in gone for w in _WORD.findall(m.content)} - kept
-    if not only:
+    the lexical organizer made from them would keep them): `store.drop.label_words`."""
+    name, description, tags = label_words(
+        (c.name, c.description, c.tags),
+        [m.content for m in c.memories],
+        [m.content for m in gone],
+    )
+    if (name, description, tags) == (c.name, c.description, c.tags):
         return c
-
-    def clean(text: str) -> str:
-        out = _WORD.sub(lambda mo: "" if mo.group(0).casefold() in only else mo.group(0), text)
-        return " ".join(out.split())
-
-    name = clean(c.name) or "Notes"
-    tags = [t for t in (clean(t) for t in c.tags) if t]
-    if (name, tags, clean(c.description)) == (c.name, c.tags, c.description):
-        return c
-    return replace(c, name=name, description=clean(c.description), tags=tags)
+    return replace(c, name=name, description=description, tags=tags)
 
 
 def commit_forget(ctx: WriteContext, req: ForgetRequest, mems: list[Memory]) -> str | None:

@@ -25,7 +25,11 @@ def purge_spec(mems: list[Memory], ids: list[str]) -> PurgeSpec:
     characters an ingest commit's body quotes, and its id. (Not a `--match` text: it only
     found the memories, and may be a word other memories and commits hold.)"""
     texts = {m.content for m in mems} | {m.content[:72] for m in mems} | set(ids)
-    return PurgeSpec(tuple(sorted(ids)), tuple(sorted(t for t in texts if t.strip())))
+    return PurgeSpec(
+        tuple(sorted(ids)),
+        tuple(sorted(t for t in texts if t.strip())),
+        tuple(m.content for m in mems),
+    )
 
 
 def purge_history(ctx: WriteContext, spec: PurgeSpec) -> list[Rewritten]:

@@ -3,6 +3,7 @@ does to a forgotten memory that its result would bring back."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -38,3 +39,25 @@ def drop_memories(state: StoreState, ids: set[str] | frozenset[str], mark: Mark)
             gone += len(mems) - len(keep)
             state.unsorted[name] = keep
     return gone
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+Labels = tuple[str, str, list[str]]  # a cluster's name, description, tags
+
+
+def label_words(labels: Labels, kept: list[str], gone: list[str]) -> Labels:
+    """A cluster's labels without the words that only the `gone` memories' texts had, not
+    the `kept` ones' (a name made from a forgotten memory's words would keep them). A name
+    left empty becomes "Notes"."""
+    have = {w.casefold() for text in kept for w in _WORD.findall(text)}
+    only = {w.casefold() for text in gone for w in _WORD.findall(text)} - have
+    if not only:
+        return labels
+
+    def clean(text: str) -> str:
+        out = _WORD.sub(lambda mo: "" if mo.group(0).casefold() in only else mo.group(0), text)
+        return " ".join(out.split())
+
+    name, description, tags = labels
+    cleaned = [t for t in (clean(t) for t in tags) if t]
+    return clean(name) or "Notes", clean(description), cleaned

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from clagd.errors import StoreError
+from clagd.store.drop import label_words
 from clagd.yamlio import YamlError, dumps, loads
 
 REDACTED = "(forgotten)"
@@ -36,9 +37,12 @@ class PurgeSpec:
 
     ids: tuple[str, ...]
     texts: tuple[str, ...]
+    contents: tuple[str, ...] = ()  # the memories' texts: their words leave cluster labels
 
     def to_json(self) -> str:
-        return json.dumps({"ids": list(self.ids), "texts": list(self.texts)})
+        return json.dumps(
+            {"ids": list(self.ids), "texts": list(self.texts), "contents": list(self.contents)}
+        )
 
 
 def _pattern(texts: list[str]) -> re.Pattern[bytes] | None:
@@ -48,14 +52,23 @@ def _pattern(texts: list[str]) -> re.Pattern[bytes] | None:
     return re.compile(b"|".join(re.escape(p) for p in parts), re.IGNORECASE)
 
 
-def scrub_store_file(data: Any, ids: set[str]) -> bool:
+def scrub_store_file(data: Any, ids: set[str], contents: list[str] | None = None) -> bool:
     """Drop the memories `ids` (and supersedes links to them) from a parsed store file, in
-    place. Returns whether it is a store file (a mapping with a `memories` list)."""
+    place, and from its labels the words only `contents` had. Returns whether it is a store
+    file (a mapping with a `memories` list)."""
     if not isinstance(data, dict) or not isinstance(data.get("memories"), list):
         return False
+    before = len(data["memories"])
     data["memories"] = [
         m for m in data["memories"] if not (isinstance(m, dict) and str(m.get("id")) in ids)
     ]
+    if contents and len(data["memories"]) != before and isinstance(data.get("name"), str):
+        texts = [str(m.get("content", "")) for m in data["memories"] if isinstance(m, dict)]
+        tags = [str(t) for t in data.get("tags") or []]
+        labels = (data["name"], str(data.get("description") or ""), tags)
+        name, description, new_tags = label_words(labels, texts, contents)
+        if (name, description, new_tags) != labels:
+            data["name"], data["description"], data["tags"] = name, description, new_tags
     links = data.get("supersedes")
     if isinstance(links, dict):
         kept = {k: v for k, v in links.items() if str(k) not in ids and str(v) not in ids}
@@ -66,7 +79,12 @@ def scrub_store_file(data: Any, ids: set[str]) -> bool:
     return True
 
 
-def scrub_blob(raw: bytes, ids: set[str], pattern: re.Pattern[bytes] | None) -> bytes:
+def scrub_blob(
+    raw: bytes,
+    ids: set[str],
+    pattern: re.Pattern[bytes] | None,
+    contents: list[str] | None = None,
+) -> bytes:
     """One blob without the forgotten memories and texts. A store file loses the forgotten
     memories by id, and the texts from its labels; another scope's memory of the same text
     (another id) is not touched. Any other file has the texts replaced."""
@@ -79,7 +97,7 @@ def scrub_blob(raw: bytes, ids: set[str], pattern: re.Pattern[bytes] | None) -> 
         data = None
     if isinstance(data, dict) and isinstance(data.get("memories"), list):
         before = json.dumps(data, sort_keys=True, default=str)
-        scrub_store_file(data, ids)
+        scrub_store_file(data, ids, contents)
         if pattern is not None:
             _redact_labels(data, pattern)
         if json.dumps(data, sort_keys=True, default=str) == before:
@@ -110,9 +128,10 @@ def _worker() -> None:
     spec = json.loads(sys.stdin.read())
     ids = set(spec["ids"])
     pattern = _pattern(spec["texts"])
+    contents = list(spec.get("contents") or [])
 
     def blob_callback(blob: Any, _meta: Any) -> None:
-        blob.data = scrub_blob(blob.data, ids, pattern)
+        blob.data = scrub_blob(blob.data, ids, pattern, contents)
 
     def message_callback(message: bytes) -> bytes:
         return pattern.sub(REDACTED.encode(), message) if pattern is not None else message

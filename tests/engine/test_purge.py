@@ -87,6 +87,9 @@ def test_purge_leaves_no_trace_in_history(tmp_path: Path, short_tmp: Path) -> No
         assert before - after, "no commit was rewritten"
         assert_no_trace(d.root, SECRET, files=False)
         assert pin_id not in git(d.root, "log", "--all", "--format=%B")  # nor its id
+        # nor a cluster name made of its words, in any commit (the session named the
+        # cluster after its members: "PIN" was the forgotten memory's word only)
+        assert "pin" not in git(d.root, "log", "-p", "--all", "--", "clusters").lower()
         assert SECRET in git(bare, "log", "-p", "--all")  # the remote keeps it, as said
         with d.client() as c:
             assert SECRET not in c.query("PIN").context
