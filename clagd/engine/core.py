@@ -116,6 +116,10 @@ class IngestBatch:
     files: int = 0
 
 
+# cluster files one route-pass slice rewrites at most (one commit each; writes between)
+ROUTE_SLICE_CLUSTERS = 100
+
+
 @dataclass(frozen=True)
 class ArchiveRun:
     """The archive operation's argument: `dry_run` lists what would move; `now` (epoch
@@ -460,6 +464,9 @@ class Engine:
         exc = fut.exception()
         if exc is not None:
             log.warning("route pass failed (tried again later): %s", exc)
+        elif fut.result().more and not self.writer.closing:
+            # the next slice, behind the writes queued meanwhile
+            self.maybe_route(force=True, wait=False)
 
     def _score_op(self, ctx: WriteContext, shard: str) -> None:
         """The route answers for a waiting shard's memories, kept for the pass (which uses
@@ -486,14 +493,20 @@ class Engine:
 
         try:
             res = route_shards(
-                ctx, taken, route, self.outside.blocked, self.config.session.max_cluster_size
+                ctx,
+                taken,
+                route,
+                self.outside.blocked,
+                self.config.session.max_cluster_size,
+                ROUTE_SLICE_CLUSTERS,
             )
         except BaseException:
             self.counters["route_failures"] += 1
             raise
         finally:
             self.routes.release()
-        self.routes.finished(taken)
+        if not res.more:  # else the shards stay waiting: `_route_done` queues the next slice
+            self.routes.finished(taken)
         self.counters["route_passes"] += 1
         self.counters["routed"] += res.routed
         if res.commit:

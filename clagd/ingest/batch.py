@@ -191,6 +191,7 @@ class RouteResult:
     clusters: int = 0
     shards: int = 0
     commit: str | None = None
+    more: bool = False  # memories with a match left for the next slice (`max_clusters`)
 
     def to_dict(self) -> dict:
         return {
@@ -207,16 +208,34 @@ def route_shards(
     route: Callable[[list[Memory]], Sequence[str | None]],
     blocked: set[str] | None = None,
     max_size: int | None = None,
+    max_clusters: int | None = None,
 ) -> RouteResult:
     """The route pass: every memory still in these unsorted shards that has a strong match
     goes into that cluster (while it holds fewer than `max_size`); the rest stays where it
-    is. One commit (kind `route`) for all."""
+    is. One commit (kind `route`) for all, touching at most `max_clusters` cluster files: the
+    memories bound for others wait for the next slice (`more`), so one pass never holds the
+    writer for the whole burst (issue 26)."""
     res = RouteResult()
     names = [n for n in dict.fromkeys(shards) if ctx.state.unsorted.get(n)]
     mems = [m for n in names for m in ctx.state.unsorted[n]]
     if not mems:
         return res
-    per_cluster, left = _route_into_clusters(ctx, mems, route, blocked, now_iso(), max_size)
+
+    def capped(ms: list[Memory]) -> Sequence[str | None]:
+        targets = list(route(ms))
+        if max_clusters is None:
+            return targets
+        seen: set[str] = set()
+        for i, cid in enumerate(targets):
+            if cid is not None and cid not in seen:
+                if len(seen) >= max_clusters:
+                    targets[i] = None
+                    res.more = True
+                    continue
+                seen.add(cid)
+        return targets
+
+    per_cluster, left = _route_into_clusters(ctx, mems, capped, blocked, now_iso(), max_size)
     if not per_cluster:
         return res
     moved = {m.id for m in mems} - {m.id for m in left}
