@@ -82,8 +82,12 @@ class Baselines:
     """Flat BM25 over all turns (the same tokenizer, k1 and b as clagd: only the
     organization differs) and the last k turns, on one conversation's memories."""
 
-    def __init__(self, turns: list[Turn], config: Config, kmax: int) -> None:
-        mems = list({memory_id(t.content): normalize_content(t.content) for t in turns}.items())
+    def __init__(
+        self, turns: list[Turn], config: Config, kmax: int, scope: str = DEFAULT_SCOPE
+    ) -> None:
+        """`scope`: the run's (the baselines answer with that scope's memory ids)."""
+        by_id = {memory_id(t.content, scope): normalize_content(t.content) for t in turns}
+        mems = list(by_id.items())
         self.ids = [mid for mid, _ in mems]
         self.contents = [c for _, c in mems]
         self.rc = config.retrieval
@@ -235,7 +239,7 @@ def _conversation(
     memory ids are those of `scope`)."""
     turns = conversation_turns(conv)
     by_dia = {t.dia_id: memory_id(t.content, scope) for t in turns}
-    base = Baselines(turns, config, max(run.ks))
+    base = Baselines(turns, config, max(run.ks), scope)
     run.memories += len(base.ids)
     run.conversations += 1
     pipe = make(config, backend)

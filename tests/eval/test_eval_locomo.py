@@ -185,4 +185,6 @@ def test_a_run_in_a_scope_scores_as_the_default_one(tmp_path, protocol):
     assert scoped["organization"] == plain["organization"]
     for key in ("recall@5", "recall@10", "precision@10", "tokens"):
         assert scoped["clagd"][key] == plain["clagd"][key]
-    assert plain["clagd"]["recall@10"] > 0
+        for baseline in ("flat_bm25", "recency"):  # they answer with the scope's ids too
+            assert scoped[baseline][key] == plain[baseline][key]
+    assert plain["clagd"]["recall@10"] > 0 and plain["flat_bm25"]["recall@10"] > 0
