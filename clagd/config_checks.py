@@ -16,6 +16,17 @@ from typing import Any
 from clagd.errors import ConfigError
 
 _REF_RE = re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)(?!.*@\{)[A-Za-z0-9._/-]+(?<![./])$")
+# a git remote: a configured remote's name, or a URL or path (scp-like `host:path` too)
+_REMOTE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+
+
+def valid_remote(remote: str) -> bool:
+    """A remote name (`origin`) or a URL or path (`ssh://...`, `host:path`, `/srv/x.git`,
+    `./x`); never something git would take for an option (a leading `-`), nor one with
+    white space or control characters."""
+    if not remote or remote.startswith("-") or any(c.isspace() or ord(c) < 32 for c in remote):
+        return False
+    return bool(_REMOTE_NAME_RE.match(remote)) or "/" in remote or ":" in remote
 
 
 class _Checker:
@@ -121,6 +132,8 @@ def check_server(c: _Checker) -> None:
 
 def check_replication(c: _Checker) -> None:
     c.above(0, "retry_seconds")
+    if c.s.remote and not valid_remote(c.s.remote):
+        c.fail("remote", "a git remote name or a URL or path (not starting with '-')")
     c.within(0.1, 86400, "follow_seconds")
     if c.s.branch and not _REF_RE.match(c.s.branch):
         c.fail("branch", "a valid git branch name")

@@ -346,6 +346,19 @@ def scalar_text(value: object) -> str | None:
     return None
 
 
+def flag(params: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    """A boolean parameter: a real JSON boolean, or absent (or null: the default). A loose
+    one (`"false"`, `0`, `"no"`) is refused naming what was sent, never taken for true."""
+    value = params.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise errors.BadRequest(
+            f"{key!r} must be true or false (a JSON boolean), not {value!r}"[:300]
+        )
+    return value
+
+
 def check_where(raw: object) -> Where:
     """A request's `where` (an object of metadata key -> scalar), checked: BadRequest names
     the key or value that is wrong."""
@@ -411,11 +424,11 @@ class QueryParams:
             text=params.get("text", ""),  # any type: check() says what is wrong
             max_memories=params.get("max_memories"),
             token_budget=params.get("token_budget"),
-            include_archive=bool(params.get("include_archive", False)),
+            include_archive=flag(params, "include_archive"),
             where=check_where(params.get("where")),
             scope=params.get("scope"),
             scopes=extra_scopes(params),
-            superseded=bool(params.get("superseded", False)),
+            superseded=flag(params, "superseded"),
         ).check()
 
     def visible(self) -> frozenset[str]:
@@ -518,10 +531,10 @@ class ListParams:
             where=check_where(params.get("where")),
             since=params.get("since"),
             limit=params.get("limit", DEFAULT_LIST_LIMIT),
-            include_archive=bool(params.get("include_archive", False)),
+            include_archive=flag(params, "include_archive"),
             scope=params.get("scope"),
             scopes=extra_scopes(params),
-            superseded=bool(params.get("superseded", False)),
+            superseded=flag(params, "superseded"),
         ).check()
 
     def visible(self) -> frozenset[str]:

@@ -106,6 +106,10 @@ def answer(
     return out, memory_ids, cluster_ids
 
 
+# dialogue rounds one `round` request may count (a bigger one is a client's bug)
+MAX_ROUNDS = 10_000
+
+
 @dataclass(frozen=True)
 class IngestBatch:
     """The ingest operation's argument: validated items, where they came from, how many
@@ -571,8 +575,8 @@ class Engine:
             self.round(1)
 
     def round(self, n: int = 1) -> Rounds:
-        if not isinstance(n, int) or n < 1:
-            raise BadRequest("'n' must be a positive integer")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_ROUNDS:
+            raise BadRequest(f"'n' must be an integer from 1 to {MAX_ROUNDS}, not {n!r}"[:200])
         self.rounds_since_session += n
         if self.rounds_since_session >= self.config.session.dialogue_round_threshold:
             self._threshold("rounds")

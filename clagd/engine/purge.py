@@ -109,7 +109,7 @@ def push_rewrite(
             "--force-remote, or push with --force-with-lease yourself"
         )
     ref = f"refs/heads/{branch}"
-    out = ctx.git.run("ls-remote", remote, ref)
+    out = ctx.git.run("ls-remote", "--", remote, ref)
     theirs = out.split()[0] if out.strip() else ""
     olds = {r.old for r in rewritten} | _before_purges(ctx)
     if theirs and theirs not in olds and theirs != ctx.git.head():
@@ -119,7 +119,7 @@ def push_rewrite(
         )
     lease = f"--force-with-lease={ref}:{theirs}" if theirs else f"--force-with-lease={ref}:"
     try:
-        ctx.git.run("push", "-q", lease, remote, f"HEAD:{ref}")
+        ctx.git.run("push", "-q", lease, "--", remote, f"HEAD:{ref}")
     except StoreError as exc:
         raise StoreError(
             f"the rewrite is done here, but the push to {remote} failed: {exc}"

@@ -26,7 +26,7 @@ from clagd.errors import BadRequest, ClagdError, ReadOnly
 from clagd.ingest.watcher import InboxStatus, InboxWatcher
 from clagd.libc import malloc_trim
 from clagd.organize.session import SessionOutcome, engine_session_runner
-from clagd.protocol import resolve_socket
+from clagd.protocol import flag, resolve_socket
 from clagd.serve import sdnotify
 from clagd.serve.follow import (
     WRITE_OPS,
@@ -538,7 +538,7 @@ class Daemon:
 
     def _recluster(self, params: dict[str, Any]) -> SessionOutcome | Scheduled:
         assert self.engine is not None and self.scheduler is not None
-        if params.get("wait", True) is False:
+        if not flag(params, "wait", True):
             self.scheduler.trigger_session("manual")
             return Scheduled()
         return self.engine.recluster("manual", backend=params.get("backend"))

@@ -26,6 +26,7 @@ from clagd.protocol import (
     QueryParams,
     error_reply,
     fits_af_unix,
+    flag,
     ok_reply,
     peer_uid,
     prepare_socket_dir,
@@ -361,15 +362,13 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     )
     d.op(
         "clusters",
-        lambda p: engine.clusters(
-            include_archive=bool(p.get("include_archive", False)), scopes=_seen(p)
-        ),
+        lambda p: engine.clusters(include_archive=flag(p, "include_archive"), scopes=_seen(p)),
     )
     d.op("log", lambda p: engine.log(p.get("n", 20), p.get("scope")))
     d.op("revert", lambda p: engine.revert(_str(p, "ref"), p.get("scope")))
     d.op(
         "archive",
-        lambda p: engine.archive(dry_run=bool(p.get("dry_run", False)), scope=p.get("scope")),
+        lambda p: engine.archive(dry_run=flag(p, "dry_run"), scope=p.get("scope")),
     )
     d.op(
         "forget",
@@ -377,8 +376,8 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
             _ids(p),
             _opt_str(p, "match"),
             _opt_str(p, "scope"),
-            purge=bool(p.get("purge", False)),
-            force_remote=bool(p.get("force_remote", False)),
+            purge=flag(p, "purge"),
+            force_remote=flag(p, "force_remote"),
         ),
     )
     d.op("round", lambda p: engine.round(p.get("n", 1)))

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from clagd.errors import HeadMoved, StoreError
+from clagd.errors import GitFailed, HeadMoved, StoreError
 from clagd.store.gitcmd import Stdin
 from clagd.store.gitlog import format_message
 from clagd.store.gitrefs import Refs
@@ -60,7 +60,11 @@ class Commits(Refs):
         if paths:
             if flush is not None:
                 mark_unsynced(self.gitdir)
-            self._stage(paths, fsync=flush is None)
+            try:
+                self._stage(paths, fsync=flush is None)
+            except GitFailed:
+                self.check_index_flags(paths)  # the clear reason, when it is that
+                raise
         if flush is not None:
             flush()
             # syncfs (or sync) flushed every object written since the mark, a failed add's too
@@ -68,7 +72,11 @@ class Commits(Refs):
         parent = self.base
         tree = self.build_tree(parent, paths)
         if expected:
-            self._check_tree(tree, expected)
+            try:
+                self._check_tree(tree, expected)
+            except HeadMoved:
+                self.check_index_flags(sorted(expected))  # git did not see the change
+                raise
         if not allow_empty and parent is not None and tree == self._tree_of(parent):
             return None
         return self.commit_tree(tree, parent, format_message(subject, body, trailers))
@@ -85,6 +93,24 @@ class Commits(Refs):
                 raise HeadMoved(
                     f"{path} was changed by a git command of the person's while clagd "
                     "committed it (stash, reset, checkout?)"
+                )
+
+    def check_index_flags(self, paths: list[str]) -> None:
+        """Raise StoreError naming a memory file the person marked skip-worktree or
+        assume-unchanged in git's index (`git update-index`): git does not stage clagd's
+        change to it (a refused `git add`, or a commit without the change), and the
+        person's flag, not a race, is why."""
+        out = self.run("ls-files", "-v", "-z", "--", *paths) if paths else ""
+        for entry in out.split("\0"):
+            tag, _, path = entry.partition(" ")
+            if not path:
+                continue
+            what = "skip-worktree" if tag == "S" else "assume-unchanged" if tag.islower() else ""
+            if what:
+                raise StoreError(
+                    f"{path} is marked {what} in git's index, so git does not take clagd's "
+                    f"change to it; run git update-index --no-skip-worktree "
+                    f"--no-assume-unchanged -- {path} (nothing was committed; clagd retries)"
                 )
 
     def _tree_of(self, commit: str) -> str:

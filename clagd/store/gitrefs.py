@@ -116,7 +116,7 @@ class Refs(GitRunner):
     # -- the person's git ------------------------------------------------------------------
     def pause_reason(self, wait: bool = False, locks: bool = True) -> str | None:
         """Why the daemon must not write now (None: it may); see `gitstate.pause_reason`."""
-        return gitstate.pause_reason(self.gitdir, self.branch, wait, locks)
+        return gitstate.pause_reason(self.gitdir, self.branch, wait, locks, self.commondir)
 
     def check_not_paused(self) -> None:
         """Raise Paused when the person's git holds the store (checked again right before

@@ -236,7 +236,8 @@ class GitStore(Commits):
         return self.run("fsck", "--no-progress", "--full", with_extended_output=False)
 
     def push(self, remote: str, branch: str) -> None:
-        self.run("push", "-q", remote, f"HEAD:refs/heads/{branch}")
+        # after `--`: a remote is never read as an option (config_checks validates it too)
+        self.run("push", "-q", "--", remote, f"HEAD:refs/heads/{branch}")
 
 
 def blob_id(data: bytes, algo: str = "sha1") -> str:

@@ -50,7 +50,13 @@ def current_branch(gitdir: Path) -> str | None:
     return None
 
 
-def pause_reason(gitdir: Path, branch: str, wait: bool = False, locks: bool = True) -> str | None:
+def pause_reason(
+    gitdir: Path,
+    branch: str,
+    wait: bool = False,
+    locks: bool = True,
+    commondir: Path | None = None,
+) -> str | None:
     """Why the daemon must not write on `branch` now (None: it may): HEAD detached or on
     another branch, a merge, rebase, cherry-pick or revert in progress, or a git command of
     the person's running (its `.git/index.lock`: a checkout rewrites the working tree before
@@ -69,17 +75,36 @@ def pause_reason(gitdir: Path, branch: str, wait: bool = False, locks: bool = Tr
         if (gitdir / marker).exists():
             return f"{what} in the store; {how} (ingestion resumes by itself)"
     current = current_branch(gitdir)
-    if current is None:
+    if current == branch:
+        return None
+    where = (
+        "HEAD is detached in the store"
+        if current is None
+        else f"branch {current!r} is checked out in the store"
+    )
+    if not branch_exists(commondir or gitdir, branch):
+        # renamed (`git branch -m main trunk`) or deleted: a checkout of it cannot resume
+        other = current or "<branch>"
         return (
-            f"HEAD is detached in the store (clagd commits only on branch {branch!r}); "
-            f"run git checkout {branch} to resume"
+            f"{where}, and clagd's branch {branch!r} does not exist (renamed or deleted?): "
+            f"to commit on {other!r}, set git.branch: {other} in clagd.yaml and restart "
+            f"clagd (or run git branch -m {other} {branch})"
         )
-    if current != branch:
-        return (
-            f"branch {current!r} is checked out in the store (clagd commits only on "
-            f"{branch!r}); run git checkout {branch} to resume"
-        )
-    return None
+    return f"{where} (clagd commits only on branch {branch!r}); run git checkout {branch} to resume"
+
+
+def branch_exists(commondir: Path, branch: str) -> bool:
+    """Whether `refs/heads/<branch>` exists, read from the ref files (a loose ref or a line
+    of packed-refs); True when they cannot say (a reftable repository)."""
+    if (commondir / "reftable").exists():
+        return True
+    if (commondir / "refs" / "heads" / branch).is_file():
+        return True
+    try:
+        packed = (commondir / "packed-refs").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(line.endswith(f" refs/heads/{branch}") for line in packed.splitlines())
 
 
 def remove_stale_locks(gitdir: Path, commondir: Path | None = None) -> list[str]:
