@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clagd.errors import BadRequest, ClagdError, Conflict, NotFound
+from clagd.ingest import supersede
 from clagd.model import MEMORY_ID_RE, Cluster, Memory
 from clagd.scopes import DEFAULT_SCOPE, check_scope, scopes_trailer
 from clagd.store.drop import drop_memories, label_words
@@ -104,6 +105,8 @@ def remove_from_state(ctx: WriteContext, mems: list[Memory]) -> None:
         group = state.clusters if area == "cluster" else state.archived
         if area != "unsorted" and key in group:
             group[key] = scrub_labels(group[key], mems)
+    # a memory the forgotten one superseded is current again (`ingest.supersede`)
+    supersede.release(ctx, {m.id for m in mems})
 
 
 def scrub_labels(c: Cluster, gone: list[Memory]) -> Cluster:

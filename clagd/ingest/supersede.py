@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from difflib import SequenceMatcher
 
-from clagd.model import SUPERSEDED_BY, SUPERSEDES, Memory, parse_epoch
+from clagd.model import LINK_KEYS, SUPERSEDED_BY, SUPERSEDES, Memory, parse_epoch
 from clagd.retrieval.index import Index
 from clagd.retrieval.scoring import top
 from clagd.store.writer import WriteContext
@@ -250,3 +250,35 @@ def with_meta(m: Memory, key: str, value: str) -> Memory:
 def successor(new: Memory, old_id: str) -> Memory:
     """`new` naming the memory it supersedes."""
     return with_meta(new, SUPERSEDES, old_id)
+
+
+def release(ctx: WriteContext, gone: set[str]) -> int:
+    """Drop every link to a memory in `gone` (forgotten): the memory it superseded is
+    current again, the one that superseded it names nothing. Returns how many changed."""
+    state, n = ctx.state, 0
+    areas = (("cluster", state.clusters), ("archive", state.archived))
+    for area, clusters in areas:
+        for c in clusters.values():
+            for i, m in enumerate(c.memories):
+                if _links_to(m, gone):
+                    (ctx.touch_cluster if area == "cluster" else ctx.touch_archive)(c.id)
+                    c.memories[i], n = _unlinked(m, gone), n + 1
+    for name, mems in state.unsorted.items():
+        for i, m in enumerate(mems):
+            if _links_to(m, gone):
+                ctx.touch_shard(name)
+                mems[i], n = _unlinked(m, gone), n + 1
+    return n
+
+
+def _links_to(m: Memory, gone: set[str]) -> bool:
+    return bool(m.metadata) and any(_str(m.metadata.get(k)) in gone for k in LINK_KEYS)
+
+
+def _unlinked(m: Memory, gone: set[str]) -> Memory:
+    meta = {k: v for k, v in m.metadata.items() if not (k in LINK_KEYS and _str(v) in gone)}
+    return replace(m, metadata=meta)
+
+
+def _str(v: object) -> str:
+    return v if isinstance(v, str) else ""

@@ -193,3 +193,17 @@ def test_update_stays_in_its_scope(daemon: InProcessDaemon) -> None:
         assert not c.query("Alice phone number", scope="bob").memories
     files = _stored(daemon.root)
     assert files[new].get("scope") == "alice" and files[old].get("scope") == "alice"
+
+
+def test_forgetting_the_newer_memory_makes_the_older_current_again(
+    daemon: InProcessDaemon,
+) -> None:
+    with daemon.client() as c:
+        old = c.add("The user's locker code is 1357")["ids"][0]
+        new = c.update(old, "The user's locker code is 2468").id
+        assert old not in _ids(c, "locker code")
+        c.forget([new])
+        assert _ids(c, "locker code") == [old]
+    files = _stored(daemon.root)
+    assert new not in files and "superseded_by" not in files[old].get("metadata", {})
+    assert_same_as_files(daemon.engine)
