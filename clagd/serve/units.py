@@ -129,6 +129,7 @@ def _service(
         "Type=notify",
         "NotifyAccess=main",
         f"ExecStart={exec_start}",
+        "ExecReload=/bin/kill -HUP $MAINPID",  # clagd.yaml read again (not a restart)
         f"Environment={socket_env}",
         "Environment=PYTHONUNBUFFERED=1",
         *extra_service,

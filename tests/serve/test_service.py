@@ -53,6 +53,7 @@ def test_user_unit_for_a_store(tmp_path: Path) -> None:
     assert k["Restart"] == ["on-failure"]
     assert k["RestartPreventExitStatus"] == [str(EX_CONFIG)]
     assert k["KillSignal"] == ["SIGTERM"]
+    assert k["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # SIGHUP reloads clagd.yaml
     assert k["ReadWritePaths"] == [str(store)]
     for hardening in ("NoNewPrivileges", "PrivateTmp", "LockPersonality"):
         assert k[hardening] == ["yes"]
