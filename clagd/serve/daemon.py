@@ -458,7 +458,7 @@ class Daemon:
             self.watcher.ensure_inbox()
         self.reload_config()  # clagd.yaml changed: validated, applied or reported
         eng.check_outside()
-        eng.special.refresh()  # symlinks, FIFOs, hard links in the memory folders: reported
+        eng.special.maybe_refresh()  # symlinks, FIFOs, hard links: reported (every 30 s)
         eng.maybe_route(wait=False)  # queued on the writer; a failure is logged and retried
         eng.stats.save()
         eng.maybe_save_warmstart()

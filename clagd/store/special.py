@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 
 log = logging.getLogger("clagd")
@@ -85,9 +86,18 @@ class SpecialFiles:
         self.folders = folders
         self.files: tuple[str, ...] = ()  # "folder/name: kind", for status
         self.paths: tuple[str, ...] = ()  # "folder/name"
+        self._at = float("-inf")  # when the last scan ran (monotonic)
+
+    def maybe_refresh(self, min_interval: float = 30.0) -> None:
+        """`refresh` unless one ran within `min_interval` seconds (housekeeping: one lstat
+        per memory file, 30 ms for 8,000 files on a loaded 2-core machine, is not worth
+        every 2-s tick)."""
+        if time.monotonic() - self._at >= min_interval:
+            self.refresh()
 
     def refresh(self) -> tuple[str, ...]:
         """Scan again; the special entries' paths."""
+        self._at = time.monotonic()
         found = special_entries(self.root, self.folders)
         files = tuple(f"{rel}: {kind}" for rel, kind in found)
         if files and files != self.files:
