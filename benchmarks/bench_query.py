@@ -36,7 +36,7 @@ from bench_scale import PER_CLUSTER, T0, pct  # noqa: E402
 from corpus import memories, queries  # noqa: E402
 
 from clagd.change import IndexChange  # noqa: E402
-from clagd.engine.core import answer  # noqa: E402
+from clagd.engine.answer import answer  # noqa: E402
 from clagd.model import Cluster, Memory  # noqa: E402
 from clagd.protocol import QueryParams  # noqa: E402
 from clagd.retrieval.index import Index  # noqa: E402

@@ -66,6 +66,7 @@ from clagd.replies import (
     Rounds,
     Session,
     Status,
+    Updated,
 )
 from clagd.scopes import DEFAULT_SCOPE, check_scope
 
@@ -96,6 +97,7 @@ __all__ = [
     "Rounds",
     "Session",
     "Status",
+    "Updated",
     "default_socket_path",
     "find_socket_path",
     "prepare_socket_dir",
@@ -207,20 +209,6 @@ class QueryResult:
 
 
 # --------------------------------------------------------------------------- client
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """`update`: the new memory's id, the id of the one it supersedes, the commit."""
-
-    id: str
-    supersedes: str
-    cluster_id: str | None
-    commit: str | None
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> UpdateResult:
-        return cls(str(d["id"]), str(d["supersedes"]), d.get("cluster_id"), d.get("commit"))
 
 
 class Client:
@@ -527,7 +515,7 @@ class Client:
         metadata: Mapping[str, Any] | None = None,
         created_at: str | None = None,
         scope: str | None = None,
-    ) -> UpdateResult:
+    ) -> Updated:
         """Store `content` as a new memory that supersedes `memory_id` (which stays in the
         store, marked superseded, left out of queries unless `superseded=True`). `scope`:
         the old memory's (else the client's, else the default); another scope's memory is
@@ -540,10 +528,7 @@ class Client:
             params["metadata"] = dict(metadata)
         if created_at:
             params["created_at"] = created_at
-        result = self.request("update", params)
-        if not isinstance(result, dict) or "id" not in result:
-            raise ProtocolError(f"update result is not an object: {str(result)[:200]}")
-        return UpdateResult.from_dict(result)
+        return _parse(Updated, self.request("update", params), "update")
 
     def query(
         self,

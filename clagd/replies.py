@@ -197,6 +197,17 @@ class Reverted(Reply):
 
 
 @dataclass
+class Updated(Reply):
+    """`update`: the new memory's id, the id of the one it supersedes, the commit."""
+
+    id: str
+    supersedes: str
+    cluster_id: str | None = None
+    commit: str | None = None
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
 class Forgotten(Reply):
     """`forget`: the memories removed from HEAD in one commit, and with `purge` what the
     history rewrite did (`purge`, a JSON object: docs/protocol.md)."""

@@ -87,12 +87,10 @@ def update(
 
     The old memory stays in the store and in git, marked superseded_by the new one, and is
     left out of queries (`clagd query --superseded` shows it)."""
-    from clagd.protocol import to_wire
-
     with c.client() as cl:
         res = cl.update(memory_id, content, metadata=_metadata(meta) or None, created_at=created_at)
     text = f"{res.id} supersedes {res.supersedes} ({(res.commit or '')[:10]})"
-    emit(to_wire(res), as_json, text)
+    emit(res.raw, as_json, text)
 
 
 _HOW_TO_ADD = 'clagd add "TEXT", clagd add --file FILE, or clagd add - < FILE'

@@ -5,7 +5,9 @@ Queries read the current index snapshot (swapped in by the writer after each com
 never wait for the writer or an SLM. The parts live beside this module, one job each:
 `recovery` (what a killed daemon left), `warmstart` (the fast start), `routing` (route-pass
 bookkeeping), `outside` (hand edits and git commands), `archive`, `history` (revert),
-`summary` (what `status` and `clusters` show) and `hooks` (what the daemon plugs in).
+`summary` (what `status` and `clusters` show), `hooks` (what the daemon plugs in), `answer`
+(a query's reply from one snapshot), `requests` (the writer operations' arguments) and
+`forget_ops` (forget and purge, a base class of `Engine`).
 """
 
 from __future__ import annotations
@@ -15,31 +17,32 @@ import threading
 import time
 from collections.abc import Collection
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clagd.config import Config, load_config
 from clagd.engine import archive, history, lookup, summary, updating
-from clagd.engine import forget as forgetting
-from clagd.engine.forget import ForgetRequest
+from clagd.engine.answer import answer
+from clagd.engine.forget_ops import ForgetOps
 from clagd.engine.hooks import EngineHooks, SessionRunner
 from clagd.engine.loader import load_store
 from clagd.engine.outside import OutsideChange, OutsideEdits
-from clagd.engine.purge import run_purge
 from clagd.engine.recovery import recover
+from clagd.engine.requests import (
+    MAX_ROUNDS,
+    ROUTE_SLICE_CLUSTERS,
+    ArchiveRun,
+    IngestBatch,
+    NextIndex,
+)
 from clagd.engine.results import (
     Added,
     Archived,
     ClusterList,
-    ClusterScore,
-    Forgotten,
     Log,
-    LogEntry,
-    MemoryHit,
     MemoryList,
     MemoryRecord,
-    Purged,
     QueryResult,
     Reverted,
     Rounds,
@@ -50,7 +53,7 @@ from clagd.engine.routing import RouteQueue
 from clagd.engine.stats import STATS_FILE, AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
-from clagd.errors import BadRequest, BadScope, Conflict, NotFound, Paused, StoreError
+from clagd.errors import BadRequest, Conflict, Paused, StoreError
 from clagd.ingest import supersede
 from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
 from clagd.ingest.inbox import Item, validate_item
@@ -58,7 +61,7 @@ from clagd.ingest.turns import stored_roles, turn_items
 from clagd.model import Memory, iso_utc
 from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.index import Index
-from clagd.scopes import DEFAULT_SCOPE, check_scope, scope_or_default, trailer_scopes
+from clagd.scopes import DEFAULT_SCOPE, check_scope, scope_or_default
 from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
@@ -72,78 +75,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("clagd")
 
 
-def answer(
-    index: Index,
-    q: QueryParams,
-    archive: Index | None = None,
-    clusters: list[str] | None = None,
-    archived_ids: set[str] | frozenset[str] = frozenset(),
-    *,
-    started: float | None = None,
-) -> tuple[QueryResult, list[str], list[str]]:
-    """A query's reply from one index snapshot (`took_ms`: since `started`, a
-    `time.perf_counter()`; 0 without it), with the memory and cluster ids it returned
-    (what the access statistics count)."""
-    res = index.search(
-        q.text,
-        q.max_memories,
-        q.token_budget,
-        archive=archive,
-        clusters=clusters,
-        where=q.where,
-        scopes=q.visible(),
-        superseded=q.superseded,
-    )
-    out = QueryResult(
-        tuple(MemoryHit.of(h, h.cluster_id in archived_ids) for h in res.memories),
-        tuple(ClusterScore(cid, name, round(float(sc), 4)) for cid, name, sc in res.clusters),
-        res.context,
-        res.tokens,
-        0.0 if started is None else round((time.perf_counter() - started) * 1000, 3),
-    )
-    memory_ids = [h.memory.id for h in res.memories]
-    cluster_ids = sorted({h.cluster_id for h in res.memories if h.cluster_id})
-    return out, memory_ids, cluster_ids
-
-
-# dialogue rounds one `round` request may count (a bigger one is a client's bug)
-MAX_ROUNDS = 10_000
-
-
-@dataclass(frozen=True)
-class IngestBatch:
-    """The ingest operation's argument: validated items, where they came from, how many
-    inbox files they were read from."""
-
-    items: list[Item]
-    source: str
-    files: int = 0
-
-
-# cluster files one route-pass slice rewrites at most (one commit each; writes between)
-ROUTE_SLICE_CLUSTERS = 100
-
-
-@dataclass(frozen=True)
-class ArchiveRun:
-    """The archive operation's argument: `dry_run` lists what would move; `now` (epoch
-    seconds) stands for the clock in tests."""
-
-    dry_run: bool = False
-    now: float | None = None
-    scope: str | None = None  # only this scope's clusters (None: every scope's)
-
-
-@dataclass(frozen=True)
-class NextIndex:
-    """What `Engine.prepare` made beside a commit: the engine's next snapshot, and what its
-    index publisher prepared (`EngineHooks.index_publisher`: given back to its `publish`)."""
-
-    index: Index
-    theirs: Any = None
-
-
-class Engine:
+class Engine(ForgetOps):
     def __init__(
         self,
         root: Path,
@@ -650,19 +582,11 @@ class Engine:
         )
 
     def log(self, n: int = 20, scope: str | None = None) -> Log:
-        """The newest `n` commits; with `scope`, those that name it in their `scopes`
-        trailer (ingests, sessions and forgets of its memories; a commit without the
-        trailer counts as the default scope's, as every commit before scopes did)."""
+        """The newest `n` commits (of `scope` only: `history.log_entries`) and the outside
+        moves of the branch that took memories out of HEAD."""
         if not isinstance(n, int) or not 0 < n <= 10_000:
             raise BadRequest("'n' must be an integer from 1 to 10000")
-        if scope is None:
-            entries = tuple(LogEntry.of(c) for c in self.git.log(n))
-        else:
-            scope = check_scope(scope)
-            found = self.git.log(min(10_000, n * 20))
-            mine = [c for c in found if scope in trailer_scopes(c.trailers)]
-            entries = tuple(LogEntry.of(c) for c in mine[:n])
-        # moves of the branch made outside clagd that took memories out of HEAD
+        entries = history.log_entries(self.git, n, scope)
         return Log(entries, tuple(self.writer.branch.history.recent(n)))
 
     # -- history ------------------------------------------------------------------------
@@ -675,19 +599,10 @@ class Engine:
         ref = ref.strip()
         shas = history.commits_for(self.git, ref)
         if scope is not None:
-            self._check_revert_scope(shas, check_scope(scope))
+            history.check_revert_scope(self.git, shas, check_scope(scope))
         result: Reverted = self.writer.call(self._revert_op, shas)
         self.counters["reverts"] += 1
         return result
-
-    def _check_revert_scope(self, shas: list[str], scope: str) -> None:
-        for sha in shas:
-            found = self.git.log(1, rev=sha)
-            if not found or trailer_scopes(found[0].trailers) != {scope}:
-                raise BadScope(
-                    f"commit {sha[:10]} changed memories outside scope {scope!r}: "
-                    "not revertible from this scope"
-                )
 
     def _revert_op(self, ctx: WriteContext, shas: list[str]) -> Reverted:
         ctx.check_no_staged()
@@ -698,81 +613,6 @@ class Engine:
         if gone:  # what a revert took out leaves no copy either (as a forget)
             self.forget_copies(ctx, gone)
         return Reverted(tuple(shas), tuple(done), ctx.git.head())
-
-    # -- forgetting (engine/forget.py) ----------------------------------------------------
-    def forget(
-        self,
-        ids: list[str] | None = None,
-        match: str | None = None,
-        scope: str | None = None,
-        purge: bool = False,
-        force_remote: bool = False,
-    ) -> Forgotten:
-        """Take memories out of HEAD in one `forget` commit, and out of every copy the
-        daemon keeps: the index (rebuilt whole), the query processes, the warm start, the
-        access statistics, the file-text cache, rejected inbox copies. `purge`: out of
-        every commit of history too (engine/purge.py)."""
-        req = forgetting.ForgetRequest(
-            tuple(ids or ()), match, scope_or_default(scope), None, purge, force_remote
-        ).check()
-        result: Forgotten = self.writer.call(self._forget_op, req)
-        self.counters["forgotten"] += len(result.forgotten)
-        return result
-
-    def _forget_op(self, ctx: WriteContext, req: forgetting.ForgetRequest) -> Forgotten:
-        self._outside_op(ctx)  # a hand edit first: the forget rewrites files
-        try:
-            mems = forgetting.select(ctx, req)
-        except NotFound:
-            if not req.purge:
-                raise
-            return self._purge_earlier(ctx, req)
-        sha = forgetting.commit_forget(ctx, req, mems)
-        self.forget_copies(ctx, {m.id for m in mems})
-        redacted = forgetting.redact_rejected(
-            self.paths.inbox / "rejected", forgetting.memory_texts(mems, req.match)
-        )
-        ids = tuple(m.id for m in mems)
-        purged = self._purge(ctx, mems, req) if req.purge else None
-        if purged is not None:
-            sha = next((r.new for r in purged.rewritten if r.old == sha), sha)
-        return Forgotten(ids, sha, ctx.git.head(), req.scope, tuple(redacted), purged)
-
-    def _purge_earlier(self, ctx: WriteContext, req: ForgetRequest) -> Forgotten:
-        """`--purge` of memories forgotten before without it: out of history now."""
-        mems = forgetting.select_forgotten(ctx.git, req)
-        purged = self._purge(ctx, mems, req)
-        ids = tuple(m.id for m in mems)
-        return Forgotten(ids, None, ctx.git.head(), req.scope, (), purged)
-
-    def _purge(self, ctx: WriteContext, mems: list[Memory], req: ForgetRequest) -> Purged:
-        """History rewritten without `mems` (writer thread: every write waits), then the
-        warm start saved at the new head. `git gc --auto` does not run meanwhile."""
-        self.packer.stop(timeout=600)
-        try:
-            rep = self.config.replication
-            branch = rep.branch or self.git.branch
-            done = run_purge(ctx, mems, (rep.remote, branch, req.force_remote))
-        finally:
-            self.packer.resume()
-        self.head = ctx.git.head()
-        self.warmstart.save(ctx, self.index)
-        if self.warmstart.saved_head != self.head:
-            self.warmstart.path.unlink(missing_ok=True)
-        return done
-
-    def forget_copies(self, ctx: WriteContext, ids: set[str]) -> None:
-        """After a commit that took `ids` out (writer thread): no copy of them stays. The
-        index is rebuilt whole (an incremental change only clears a slot's bit, and keeps
-        its text and terms), so are the query processes' copies; the warm start is saved
-        again (removed when it cannot be)."""
-        self.known -= ids
-        self.fragments.drop(ids)
-        self.stats.forget(ids)
-        ctx.w.publish(StoreChange.whole(ctx.state, ctx.git.head()))
-        self.warmstart.save(ctx, self.index)
-        if self.warmstart.saved_head != self.head:
-            self.warmstart.path.unlink(missing_ok=True)
 
     # -- outside edits --------------------------------------------------------------------
     def check_outside(self) -> OutsideChange | None:

@@ -8,7 +8,9 @@ from clagd.engine.forget import (
     forgotten_ids,
     refuse_forget_revert,
 )
-from clagd.errors import Conflict, StoreError
+from clagd.engine.results import LogEntry
+from clagd.errors import BadScope, Conflict, StoreError
+from clagd.scopes import check_scope, trailer_scopes
 from clagd.store.gitrepo import GitStore
 from clagd.store.history import ids_at
 from clagd.store.writer import DATA_DIRS, WriteContext
@@ -127,3 +129,27 @@ def _revert_one(ctx: WriteContext, sha: str, forgotten: set[str]) -> str:
 
 def looks_like_sha(ref: str) -> bool:
     return 4 <= len(ref) <= 40 and all(c in "0123456789abcdef" for c in ref.lower())
+
+
+def log_entries(git: GitStore, n: int, scope: str | None) -> tuple[LogEntry, ...]:
+    """The newest `n` commits; with `scope`, those that name it in their `scopes` trailer
+    (ingests, sessions and forgets of its memories; a commit without the trailer counts as
+    the default scope's, as every commit before scopes did)."""
+    if scope is None:
+        return tuple(LogEntry.of(c) for c in git.log(n))
+    scope = check_scope(scope)
+    found = git.log(min(10_000, n * 20))
+    mine = [c for c in found if scope in trailer_scopes(c.trailers)]
+    return tuple(LogEntry.of(c) for c in mine[:n])
+
+
+def check_revert_scope(git: GitStore, shas: list[str], scope: str) -> None:
+    """A caller pinned to `scope` may revert only commits of that scope alone: BadScope,
+    naming no other scope, for a commit that changed memories of any other."""
+    for sha in shas:
+        found = git.log(1, rev=sha)
+        if not found or trailer_scopes(found[0].trailers) != {scope}:
+            raise BadScope(
+                f"commit {sha[:10]} changed memories outside scope {scope!r}: "
+                "not revertible from this scope"
+            )

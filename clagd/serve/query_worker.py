@@ -39,7 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from clagd.change import IndexChange
-from clagd.engine.core import answer
+from clagd.engine.answer import answer
 from clagd.engine.results import QueryResult
 from clagd.errors import ClagdError
 from clagd.libc import libc

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from clagd.config import SessionConfig
-from clagd.engine.core import ROUTE_SLICE_CLUSTERS, Engine
+from clagd.engine.core import Engine
+from clagd.engine.requests import ROUTE_SLICE_CLUSTERS
 from clagd.model import Cluster, Memory
 from clagd.organize.plan_apply import apply_plan
 from clagd.organize.plan_checks import validate_plan

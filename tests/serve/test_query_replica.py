@@ -11,7 +11,8 @@ import pytest
 from helpers import git, make_store
 
 from clagd.change import IndexChange
-from clagd.engine.core import Engine, answer
+from clagd.engine.answer import answer
+from clagd.engine.core import Engine
 from clagd.engine.hooks import EngineHooks
 from clagd.protocol import QueryParams
 from clagd.retrieval.index import Index
