@@ -120,7 +120,7 @@ def test_staged_changes_pause_sessions_archive_and_reverts(
         _add_24(c)
         head = git(root, "rev-parse", "HEAD").strip()
         shard = sorted((root / "unsorted").glob("*.yaml"))[0]
-        shard.write_text(shard.read_text().replace("note 0 0", "note 0 0 edited by hand"))
+        shard.write_text(shard.read_text() + "# edited by hand\n")
         git(root, "add", str(shard.relative_to(root)))
         with pytest.raises(ClientError) as err:
             if op == "recluster":
