@@ -421,10 +421,14 @@ class Engine(ForgetOps):
         index = self.index
         known = self.routes.scores(taken, index.route_key)
 
+        made: dict[str, str | None] = {}
+
         def route(mems: list[Memory]) -> list[str | None]:
             """The kept answers, and `route_many` for the memories without one."""
             todo = [m for m in mems if m.id not in known]
             fresh = dict(zip((m.id for m in todo), index.route_many(todo) if todo else []))
+            made.update(known)
+            made.update(fresh)
             return [known[m.id] if m.id in known else fresh[m.id] for m in mems]
 
         try:
@@ -443,6 +447,10 @@ class Engine(ForgetOps):
             self.routes.release()
         if not res.more:  # else the shards stay waiting: `_route_done` queues the next slice
             self.routes.finished(taken)
+        elif taken:
+            # the next slices take this pass's answers (made on the index before it, as one
+            # pass over the whole burst would), not `route_many` again for every slice
+            self.routes.keep_scores(taken[0], self.index.route_key, made)
         self.counters["route_passes"] += 1
         self.counters["routed"] += res.routed
         if res.commit:
