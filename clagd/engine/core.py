@@ -49,7 +49,7 @@ from clagd.engine.results import (
     Status,
     Thawed,
 )
-from clagd.engine.routing import RouteQueue
+from clagd.engine.routing import KeptRoutes, RouteQueue
 from clagd.engine.stats import STATS_FILE, AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
@@ -419,18 +419,7 @@ class Engine(ForgetOps):
         self._outside_op(ctx)
         taken = self.routes.waiting()
         index = self.index
-        known = self.routes.scores(taken, index.route_key)
-
-        made: dict[str, str | None] = {}
-
-        def route(mems: list[Memory]) -> list[str | None]:
-            """The kept answers, and `route_many` for the memories without one."""
-            todo = [m for m in mems if m.id not in known]
-            fresh = dict(zip((m.id for m in todo), index.route_many(todo) if todo else []))
-            made.update(known)
-            made.update(fresh)
-            return [known[m.id] if m.id in known else fresh[m.id] for m in mems]
-
+        route = KeptRoutes(self.routes.scores(taken, index.route_key), index.route_many)
         try:
             res = route_shards(
                 ctx,
@@ -450,7 +439,7 @@ class Engine(ForgetOps):
         elif taken:
             # the next slices take this pass's answers (made on the index before it, as one
             # pass over the whole burst would), not `route_many` again for every slice
-            self.routes.keep_scores(taken[0], self.index.route_key, made)
+            self.routes.keep_scores(taken[0], self.index.route_key, route.made)
         self.counters["route_passes"] += 1
         self.counters["routed"] += res.routed
         if res.commit:

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+
+from clagd.model import Memory
 
 # a route pass waits for the inbox to be quiet, but not longer than this after the first
 # deferred batch
@@ -119,3 +122,24 @@ class RouteQueue:
         """The pass is over, done or not (also when it never ran: the writer was stopping)."""
         with self._lock:
             self._running = False
+
+
+class KeptRoutes:
+    """A route pass's router: the answers kept for its memories (`RouteQueue.scores`), and
+    `route_many` on the served index for those without one. Every answer it gives is in
+    `made`, which the pass's later slices keep (`RouteQueue.keep_scores`)."""
+
+    def __init__(
+        self,
+        known: dict[str, str | None],
+        route_many: Callable[[list[Memory]], list[str | None]],
+    ) -> None:
+        self.known, self.route_many = known, route_many
+        self.made: dict[str, str | None] = {}
+
+    def __call__(self, mems: list[Memory]) -> list[str | None]:
+        todo = [m for m in mems if m.id not in self.known]
+        fresh = dict(zip((m.id for m in todo), self.route_many(todo) if todo else []))
+        self.made.update(self.known)
+        self.made.update(fresh)
+        return [self.known[m.id] if m.id in self.known else fresh[m.id] for m in mems]
