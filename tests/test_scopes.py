@@ -247,3 +247,23 @@ def test_cli_scope_option_and_env(daemon: InProcessDaemon, monkeypatch: pytest.M
     monkeypatch.setenv("CLAGD_SCOPE", "../etc")
     env_bad = run(main, [*base, "query", "bike"])
     assert env_bad.exit_code == 2 and "../etc" in env_bad.output
+
+
+def test_cli_update_and_revert_keep_to_their_scope(daemon: InProcessDaemon) -> None:
+    from click.testing import CliRunner
+
+    from clagd.cli import main
+
+    base = ["--socket", str(daemon.socket)]
+    run = CliRunner().invoke
+    added = json.loads(
+        run(main, [*base, "add", "--scope", "alice", "--json", "Alice: 0151 111"]).output
+    )
+    mid, commit = added["ids"][0], added["commit"]
+    other = run(main, [*base, "update", "--scope", "bob", mid, "Alice: 0151 222"])
+    assert other.exit_code == 1 and mid in other.output  # bob cannot see alice's memory
+    refused = run(main, [*base, "revert", "--scope", "bob", commit])
+    assert refused.exit_code == 1 and "outside scope 'bob'" in refused.output
+    own = run(main, [*base, "update", "--scope", "alice", "--json", mid, "Alice: 0151 222"])
+    assert own.exit_code == 0, own.output
+    assert json.loads(own.output)["supersedes"] == mid

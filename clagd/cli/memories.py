@@ -74,6 +74,7 @@ def add(
 @click.option("--meta", "-m", multiple=True, help="metadata KEY=VALUE (repeatable)")
 @click.option("--created-at", help="ISO 8601 time (default: now)")
 @json_option
+@scope_option
 @pass_ctx
 def update(
     c: Ctx,

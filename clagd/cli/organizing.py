@@ -12,9 +12,12 @@ from clagd.cli.base import Ctx, Progress, emit, json_option, main, pass_ctx, sco
 @main.command()
 @click.argument("ref")
 @json_option
+@scope_option
 @pass_ctx
 def revert(c: Ctx, ref: str, as_json: bool) -> None:
-    """Undo a commit or a whole clustering session (git revert)."""
+    """Undo a commit or a whole clustering session (git revert).
+
+    With --scope (or CLAGD_SCOPE), only a commit that changed that scope's memories alone."""
     with c.client() as cl:
         res = cl.revert(ref)
     emit(
