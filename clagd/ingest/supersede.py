@@ -61,6 +61,9 @@ _SUBJECT_END = frozenset("is are was were has have had does do will".split())
 _NEGATIONS = frozenset("not no never n't don't doesn't isn't aren't won't".split())
 # the candidates looked at per new memory: the older memories it scores best against
 CANDIDATES = 5
+# a statement of one fact is a sentence or two: longer memories are never compared (the
+# word alignment is quadratic in their length, and it runs on the writer thread)
+MAX_WORDS = 80
 
 
 def _tokens(text: str) -> list[str]:
@@ -107,6 +110,8 @@ def changed_value(old: str, new: str) -> bool:
     """Whether `new` restates `old` with other values in one place (see the module)."""
     a, b = _Side.of(old), _Side.of(new)
     if a.low == b.low or min(len(a.low), len(b.low)) < 3:
+        return False
+    if max(len(a.low), len(b.low)) > MAX_WORDS:
         return False
     if _NEGATIONS.intersection(a.low) != _NEGATIONS.intersection(b.low):
         return False
@@ -201,6 +206,8 @@ def find(index: Index, fresh: Iterable[Memory]) -> dict[str, Memory]:
     m = index.memories
     taken: set[str] = set()
     for new in fresh:
+        if len(_tokens(new.content)) > MAX_WORDS:
+            continue  # not one fact: never superseding, nor superseded within the batch
         q = index.term_ids(new.content)
         olds: list[Memory] = []
         if q and m.n_alive:

@@ -46,3 +46,15 @@ def test_a_changed_value_of_one_statement_is_an_update(old: str, new: str) -> No
 )
 def test_other_pairs_are_not(old: str, new: str) -> None:
     assert not changed_value(old, new)
+
+
+def test_a_long_memory_is_never_compared() -> None:
+    """Only statements of one fact are compared: the same one-place change at the end of a
+    text over MAX_WORDS words is no update (the alignment would be quadratic in its length
+    on the writer thread: 24 memories of 12,000 words held it for minutes)."""
+    from clagd.ingest.supersede import MAX_WORDS
+
+    body = " ".join(f"w{i}" for i in range(MAX_WORDS))
+    short_old, short_new = "Alice's phone number is 0151 111", "Alice's phone number is 0151 222"
+    assert changed_value(short_old, short_new)
+    assert not changed_value(f"{short_old} {body}", f"{short_new} {body}")
