@@ -167,7 +167,7 @@ def test_gate_refuses_smollm2_and_auto_organizes_lexically(
     assert backend.available()[0]
     verdict = measure(backend, root / "prompts", scenes=1, timeout=600)
     assert not verdict.may_organize(), verdict.lines()
-    assert verdict.calls == 3 and verdict.prompt_tokens > 0
+    assert verdict.calls == 4 and verdict.prompt_tokens > 0  # route, organize, name, judge
     # cached under the full set's key: one scene is enough to refuse, and halves the time
     verdict.key = current_key(backend, root / "prompts")
     store_result(root / ".clagd" / "gate", backend, verdict)
