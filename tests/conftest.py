@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fake_ollama import FakeOllama
-from helpers import DaemonProcess, InProcessDaemon, make_store
+from helpers import REPO, DaemonProcess, InProcessDaemon, make_store
 
 
 @pytest.fixture(autouse=True)
@@ -63,3 +65,21 @@ def fake() -> Iterator[FakeOllama]:
     """A loopback server speaking Ollama's API, answering from `fake.script`."""
     with FakeOllama() as srv:
         yield srv
+
+
+@pytest.fixture
+def shell_env(daemon_proc: DaemonProcess, tmp_path: Path) -> Iterator[dict[str, str]]:
+    daemon_proc.start()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "clagd"  # what `pip install` puts on PATH, for this checkout
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m clagd "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAGD_")}
+    env.update(
+        PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        PYTHONPATH=str(REPO),
+        CLAGD_STORE=str(daemon_proc.root),
+        CLAGD_SOCKET=str(daemon_proc.socket),
+    )
+    yield env

@@ -4,58 +4,15 @@ real socket; then what they did is checked: every user's query saw her memories 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
+from doc_sections import run_blocks
 from helpers import REPO, DaemonProcess, wait_for
 
 from clagd.client import Client
 from clagd.store.files import load_state
 
 SECTION = "## Scopes, updates and forgetting"
-
-
-def section_blocks(doc: Path) -> list[tuple[str, str]]:
-    """(language, code) of the bash and python blocks of SECTION in `doc`."""
-    text = doc.read_text(encoding="utf-8")
-    start = text.index(f"\n{SECTION}\n")
-    end = text.find("\n## ", start + 1)
-    part = text[start : end if end >= 0 else len(text)]
-    found = re.finditer(r"```(\w*)\n(.*?)\n```", part, re.S)
-    return [(m.group(1), m.group(2)) for m in found if m.group(1) in ("bash", "python")]
-
-
-@pytest.fixture
-def shell_env(daemon_proc: DaemonProcess, tmp_path: Path) -> Iterator[dict[str, str]]:
-    daemon_proc.start()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    shim = bin_dir / "clagd"  # what `pip install` puts on PATH, for this checkout
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m clagd "$@"\n')
-    shim.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAGD_")}
-    env.update(
-        PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        PYTHONPATH=str(REPO),
-        CLAGD_STORE=str(daemon_proc.root),
-        CLAGD_SOCKET=str(daemon_proc.socket),
-    )
-    yield env
-
-
-def run_blocks(doc: Path, env: dict[str, str], cwd: Path) -> list[str]:
-    outs = []
-    for lang, code in section_blocks(doc):
-        argv = ["bash", "-e", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
-        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, f"{doc.name}: {lang} block failed:\n{code}\n{proc.stderr}"
-        outs.append(proc.stdout)
-    return outs
 
 
 def assert_forgotten(out: str) -> None:
@@ -81,7 +38,7 @@ def test_the_quickstart_scopes_section_runs_as_written(
     store = daemon_proc.root
     # the Python block opens "./memory": run the blocks from the store's parent folder
     (store.parent / "memory").exists() or (store.parent / "memory").symlink_to(store)
-    outs = run_blocks(REPO / "docs" / "quickstart.md", shell_env, store.parent)
+    outs = run_blocks(REPO / "docs" / "quickstart.md", SECTION, shell_env, store.parent)
     assert len(outs) == 5
     assert_forgotten(outs[3])
     assert_updated(outs[4])
@@ -108,7 +65,7 @@ def test_the_quickstart_scopes_section_runs_as_written(
 def test_the_readme_scopes_section_runs_as_written(
     shell_env: dict[str, str], daemon_proc: DaemonProcess
 ) -> None:
-    outs = run_blocks(REPO / "README.md", shell_env, daemon_proc.root.parent)
+    outs = run_blocks(REPO / "README.md", SECTION, shell_env, daemon_proc.root.parent)
     assert len(outs) == 2
     assert_forgotten(outs[1])
     shown = [line.split("] ", 1)[1] for line in outs[0].splitlines() if line.startswith("[Memory")]
