@@ -173,6 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         owner = self.server.owner
         owner.record(self.path, None)
+        if owner.probe_delay:  # a server that is slow to say what it is
+            owner.stopping.wait(owner.probe_delay)
         if self.path == "/api/version":
             self._send(200, {"version": owner.version})
         elif self.path == "/api/tags":
@@ -241,6 +243,7 @@ class FakeOllama:
         # a competent stand-in here, see competent.py)
         self.default: Callable[[dict[str, Any]], Answer] = default_answer
         self.requests: list[tuple[str, dict[str, Any] | None]] = []
+        self.probe_delay = 0.0  # seconds before each GET (`/api/version`, `/api/tags`)
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)

@@ -58,7 +58,7 @@ def run(c: Ctx, path: str | None, log_level: str) -> None:
         # a distinct status, so that systemd does not restart a daemon that cannot start
         echo(f"clagd: {exc}", err=True)
         sys.exit(EXIT_BAD_CONFIG)
-    sys.exit(d.run())
+    d.exit(d.run())
 
 
 @main.command()
@@ -88,7 +88,7 @@ def follow(c: Ctx, remote: str, path: str, branch: str, log_level: str) -> None:
     except ConfigError as exc:
         echo(f"clagd: {exc}", err=True)
         sys.exit(EXIT_BAD_CONFIG)
-    sys.exit(d.run())
+    d.exit(d.run())
 
 
 @main.command()

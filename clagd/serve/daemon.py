@@ -13,10 +13,11 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from clagd.config import Config, load_config
 from clagd.engine.core import Engine
@@ -148,6 +149,8 @@ class Daemon:
             self._start_follower(eng)
         else:
             self._start_primary(eng)
+        if self.stop_event.is_set():  # a SIGTERM while loading: stop now, serve nothing
+            return
         assert self.scheduler is not None
         self.scheduler.start()
         # Queries share the GIL with the writer's pure-Python work (ingest, route pass,
@@ -162,7 +165,8 @@ class Daemon:
         n = len(eng.index)
         log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
         sdnotify.ready(f"serving {n} memories")
-        self._start_query_processes(eng)
+        if not self.stop_event.is_set():
+            self._start_query_processes(eng)
 
     def _start_primary(self, eng: Engine) -> None:
         """The writer's jobs: outside edits, replication, the inbox, sessions, archive."""
@@ -197,7 +201,10 @@ class Daemon:
         )
         # the start-up scan happens in the watcher's first pass, before READY=1
         self.watcher.start()
-        self.watcher.wait_backlog(60)
+        deadline = time.monotonic() + 60
+        while not self.watcher.wait_backlog(0.2) and time.monotonic() < deadline:
+            if self.stop_event.is_set():
+                return
         self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
 
     def _start_follower(self, eng: Engine) -> None:
@@ -578,6 +585,15 @@ class Daemon:
             self.shutdown()
         return 0
 
+    @staticmethod
+    def exit(code: int) -> NoReturn:
+        """End the process once `run` returned. Everything is saved by then; the threads
+        left are background checks with nothing to save (an Ollama probe on the scheduler's
+        pool, its imports), which the interpreter would otherwise wait for, past the stop
+        deadline."""
+        logging.shutdown()
+        os._exit(code)
+
     def shutdown(self) -> None:
         self.stop_event.set()  # nothing may serve or re-create the socket from here on
         if self.engine is not None:
@@ -608,5 +624,5 @@ class Daemon:
         if self.replicator is not None:
             self.replicator.stop()
         self.backends.close()
-        self.lock.release()
         log.info("stopped")
+        self.lock.release()

@@ -58,6 +58,7 @@ RESTART_MIN, RESTART_MAX = 1.0, 60.0  # seconds between restarts of a failing pr
 COUNTED_KEY = "_clagd_counted"
 SERVE = pickle.dumps(Serve())  # to a process that caught up: accept connections now
 STOP = pickle.dumps(Stop())
+STOP_GRACE = 1.0  # seconds a process has to end by itself at a stop, then it is killed
 HANDOFF_MAX = 60_000  # bytes a passed connection may take along (one SEQPACKET message)
 
 
@@ -315,18 +316,23 @@ class QueryProcesses:
                     p.change_state(S.REPLACING)
                     self._kill(p)
 
-    def stop(self) -> None:
-        """Stop every process (each ends when its channel says so, or is killed) and wait
-        for them: none may go on serving the socket after the daemon closed it."""
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop every process and wait for them: none may go on serving the socket after
+        the daemon closed it. Each ends when its channel says so; one still starting
+        (importing, or loading its first index) after `grace` seconds is killed, as it
+        holds nothing to save."""
         self._stop.set()
         for p in self._procs:
             p.outbox.put(None)
+        deadline = time.monotonic() + grace
         for t in self._threads:
-            t.join(10)
+            t.join(max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.popen is not None and p.popen.poll() is None:
                 p.popen.kill()
                 p.popen.wait(5)
+        for t in self._threads:
+            t.join(5)  # its process is gone: its channel ends at once
         with self._cond:  # a process whose thread ended waiting out its restart delay
             for p in self._procs:
                 if p.state is S.BACKOFF:

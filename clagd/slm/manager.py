@@ -38,6 +38,7 @@ class BackendManager:
         self.failures = 0
         self.last_error = ""
         self._lock = threading.Lock()
+        self._closed = False
 
     def recheck(self) -> Backend | None:
         with self._lock:
@@ -46,6 +47,9 @@ class BackendManager:
                 self.backend, self.reason = select_backend(self.config, self.backend)
             except Exception as exc:  # noqa: BLE001 - a broken backend means: no model
                 self.backend, self.reason = None, f"backend check failed: {exc}"
+            if self._closed:  # the daemon stopped while this check ran: close its choice
+                self._close_locked()
+                return None
             self.checked_at = time.time()
             after = self.backend.name if self.backend else "none"
             if after != before:
@@ -74,7 +78,17 @@ class BackendManager:
         )
 
     def close(self) -> None:
-        with self._lock:
-            if self.backend is not None:
-                self.backend.close()
-                self.backend = None
+        """Close the backend. A check in progress (an Ollama probe, imports) is not waited
+        for: it closes what it chose when it ends (`recheck`)."""
+        self._closed = True
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._close_locked()
+        finally:
+            self._lock.release()
+
+    def _close_locked(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None

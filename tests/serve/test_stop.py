@@ -1,6 +1,7 @@
 """SIGTERM is honoured within 5 s whatever runs (issue 26): a real daemon in the middle of
 a long session (splitting a hand-committed cluster of thousands of memories) stops in time,
-and everything acknowledged is in HEAD exactly once, served again after a restart."""
+and everything acknowledged is in HEAD exactly once, served again after a restart. A stop
+does not wait for a backend check (an Ollama server slow to answer its probe) either."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from clagd.store.files import Paths, write_cluster
+from tests.fake_ollama import FakeOllama
 from tests.helpers import DaemonProcess, git, head_contents, make_store, wait_for
 from tests.organize.test_scale import big_cluster
 
@@ -54,3 +56,30 @@ def test_sigterm_during_a_long_session_stops_within_5_s(tmp_path: Path, short_tm
             assert out["status"] in ("accepted", "noop"), out
     finally:
         d.terminate()
+
+
+def test_sigterm_during_a_slow_backend_probe_stops_at_once(tmp_path: Path, short_tmp: Path) -> None:
+    """The first backend check runs as the daemon starts; an Ollama server that takes 1.8 s
+    for each of its two probe requests holds it ~3.6 s. A SIGTERM then must not wait for it
+    (the stop used to wait for the check, then the process for the scheduler's pool)."""
+    with FakeOllama() as srv:
+        srv.probe_delay = 1.8
+        store = make_store(
+            tmp_path / "s",
+            {"backend": {"kind": "ollama", "ollama": {"host": srv.url}}},
+        )
+        d = DaemonProcess(store, short_tmp / "d.sock").start()
+        assert d.proc is not None
+        try:
+            wait_for(lambda: ("/api/version", None) in srv.requests, 30, "the backend probe")
+            t0 = time.monotonic()
+            d.proc.send_signal(signal.SIGTERM)
+            code = d.proc.wait(30)
+            took = time.monotonic() - t0
+        finally:
+            if d.proc.poll() is None:
+                d.kill()
+    log = d.log.read_text()
+    assert code == 0, log
+    assert took < 2.5, f"stopping took {took:.1f} s:\n{log}"
+    assert log.rstrip().endswith("clagd: stopped"), log
