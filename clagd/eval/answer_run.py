@@ -8,6 +8,7 @@ then the model answers system by system and format by format (see `answers`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ class AnswerRun:
                 for i, q in enumerate(qs):
                     msgs = asked(fmt, system, i)
                     if not self.cached_only or self.answerer.cached(msgs):
-                        self.scores.add(fmt, system, q, self.answerer.ask(msgs))
+                        self.scores.add(fmt, system, q, self.answerer.ask(msgs), first + i)
                     bar.step()
 
     def _shown(self, system: str, i: int, recent: list[Shown], fmt: str) -> list[Shown]:
@@ -134,6 +135,7 @@ class AnswerRun:
         main = DEFAULT_FORMAT if DEFAULT_FORMAT in self.formats else self.formats[0]
         return {
             "answers": by_format[main],
+            "paired": {s: asdict(d) for s, d in self.scores.paired(main).items()},
             "format": main,
             "formats": by_format,
             "retrieval": self.retrieved.summary(),
@@ -198,6 +200,11 @@ def format_answer_table(result: dict[str, Any]) -> str:
         f"k {result['k']}, budget {result['budget']}, window {result['window']}, "
         f"{result['asked']} asked (the rest from the cache)"
     )
+    for s, d in result["paired"].items():
+        lines.append(
+            f"clagd minus {s}: {d['diff']:+.2f} F1 [{d['low']:+.2f}, {d['high']:+.2f}] "
+            f"(paired bootstrap 95%, {d['n']} questions)"
+        )
     lines.append("")
     lines.append("F1 per category:")
     cats = result["answers"]["clagd"]["per_category"]

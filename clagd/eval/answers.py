@@ -36,6 +36,7 @@ from clagd.errors import BackendError, ClagdError
 from clagd.eval.answer_metrics import bleu1, locomo_f1
 from clagd.eval.data import CATEGORIES, Question, Turn, questions
 from clagd.model import day_label, memory_id, normalize_content
+from clagd.organize.gate_stats import bootstrap
 from clagd.slm.base import Backend, select_backend
 from clagd.slm.schema import closed_object, string
 from clagd.text import estimate_tokens
@@ -235,8 +236,21 @@ class AnswerTally:
         }
 
 
+@dataclass(frozen=True)
+class PairedDiff:
+    """clagd's F1 minus another system's on the questions both answered (F1 points), with
+    the 95% interval of a paired bootstrap over those questions (organize/gate_stats.py):
+    a difference whose interval holds 0 is not one this sample can tell."""
+
+    n: int
+    diff: float
+    low: float
+    high: float
+
+
 class Scores:
-    """Tallies per (format, system), overall and per category."""
+    """Tallies per (format, system), overall and per category, and each question's F1 per
+    (format, system) for the paired intervals."""
 
     def __init__(self, formats: Sequence[str]) -> None:
         self.formats = tuple(formats)
@@ -244,10 +258,31 @@ class Scores:
         self.cat = {
             (f, s, c): AnswerTally() for f in formats for s in ANSWER_SYSTEMS for c in CATEGORIES
         }
+        self.by_question: dict[tuple[str, str], dict[int, float]] = {key: {} for key in self.all}
 
-    def add(self, fmt: str, system: str, q: Question, answer: Answer) -> None:
+    def add(self, fmt: str, system: str, q: Question, answer: Answer, qid: int) -> None:
+        """`qid`: the question's number in the run, the same for every system."""
         self.all[(fmt, system)].add(answer, q)
         self.cat[(fmt, system, q.category)].add(answer, q)
+        self.by_question[(fmt, system)][qid] = self.all[(fmt, system)].f1[-1]
+
+    def paired(self, fmt: str, base: str = "clagd") -> dict[str, PairedDiff]:
+        """`base` against every other system, question by question."""
+        mine = self.by_question[(fmt, base)]
+        out: dict[str, PairedDiff] = {}
+        for other in ANSWER_SYSTEMS:
+            theirs = self.by_question[(fmt, other)]
+            pairs = [(100 * mine[q], 100 * theirs[q]) for q in sorted(mine.keys() & theirs)]
+            if other == base or not pairs:
+                continue
+            _, iv = bootstrap(
+                pairs,
+                lambda d: sum(a for a, _ in d) / len(d),
+                lambda d: sum(b for _, b in d) / len(d),
+            )
+            diff = sum(a - b for a, b in pairs) / len(pairs)
+            out[other] = PairedDiff(len(pairs), round(diff, 2), round(iv.low, 2), round(iv.high, 2))
+        return out
 
     def system(self, fmt: str, system: str) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.all[(fmt, system)].summary())

@@ -20,15 +20,17 @@ from clagd.eval.answer_metrics import bleu1, f1_multi, f1_score, locomo_f1, norm
 from clagd.eval.answer_run import format_answer_table, run_answers
 from clagd.eval.answers import (
     ANSWER_SYSTEMS,
+    Answer,
     AnswerCache,
     AnswerEvalError,
+    Scores,
     Shown,
     day,
     fit,
     line,
     sample_questions,
 )
-from clagd.eval.data import questions
+from clagd.eval.data import Question, questions
 
 MODEL = "qwen2.5:1.5b-instruct"
 
@@ -226,6 +228,14 @@ def test_answer_eval_end_to_end_against_a_model_server(tiny: Path, tmp_path: Pat
     assert a["recent"]["prompt_tokens"] > a["clagd"]["prompt_tokens"] > a["none"]["prompt_tokens"]
     assert set(a["clagd"]["per_category"]) == {"1", "2", "3", "4"}
     assert set(res["formats"]) == set(formats)
+    # clagd against each baseline, question by question: the same 16 questions, so the mean
+    # difference is the difference of the means; no memory is clearly worse
+    paired = res["paired"]
+    assert set(paired) == {"flat_bm25", "none", "recent"}
+    for other, d in paired.items():
+        assert d["n"] == 16 and d["low"] <= d["diff"] <= d["high"]
+        assert abs(d["diff"] - (a["clagd"]["f1"] - a[other]["f1"])) < 0.02
+    assert paired["none"]["low"] > 0
     assert res["retrieval"]["clagd"]["session@5"] >= res["retrieval"]["clagd"]["hit@5"]
     # the same questions and answers a second time, none of them asked
     assert again["asked"] == 0 and again["answers"]["clagd"]["cached"] == 16
@@ -236,6 +246,20 @@ def test_answer_eval_end_to_end_against_a_model_server(tiny: Path, tmp_path: Pat
     assert "locomo answers: conversation 2/2" in err and "/192 answers" in err
     table = format_answer_table(res)
     assert "F1 per category" in table and "F1 per context format" in table
+    assert "clagd minus none: +" in table
+
+
+def test_paired_differences_use_only_questions_both_answered() -> None:
+    q = Question("Where does Anna live?", 4, [], "Lyon")
+    scores = Scores(("dated",))
+    for qid, (mine, theirs) in enumerate([("Lyon", "Lyon"), ("Lyon", "Paris"), ("Lyon", None)]):
+        scores.add("dated", "clagd", q, Answer(mine, 10, 0.1), qid)
+        if theirs is not None:  # a cached-only run may lack this answer
+            scores.add("dated", "flat_bm25", q, Answer(theirs, 10, 0.1), qid)
+    got = scores.paired("dated")
+    assert set(got) == {"flat_bm25"}  # nothing answered by the others
+    assert got["flat_bm25"].n == 2 and got["flat_bm25"].diff == 50.0
+    assert got["flat_bm25"].low == 0.0 and got["flat_bm25"].high == 100.0
 
 
 def test_the_cli_answers_with_a_config_file(tiny: Path, tmp_path: Path, monkeypatch):
