@@ -17,6 +17,15 @@ from tests.organize.test_scale import big_cluster
 N = 12_000
 
 
+def _sigterm(d: DaemonProcess) -> tuple[int, float]:
+    """SIGTERM the daemon: its exit status and the seconds it took to exit."""
+    assert d.proc is not None
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    code = d.proc.wait(30)
+    return code, time.monotonic() - t0
+
+
 def test_sigterm_during_a_long_session_stops_within_5_s(tmp_path: Path, short_tmp: Path) -> None:
     store = make_store(tmp_path / "s")
     write_cluster(Paths(store), big_cluster(N))
@@ -35,10 +44,7 @@ def test_sigterm_during_a_long_session_stops_within_5_s(tmp_path: Path, short_tm
                 return st["activity"]["session_running"] and st["counts"]["clusters"] > 1
 
             wait_for(splitting, 120, "the session to split the cluster")
-        t0 = time.monotonic()
-        d.proc.send_signal(signal.SIGTERM)
-        code = d.proc.wait(30)
-        took = time.monotonic() - t0
+        code, took = _sigterm(d)
     finally:
         if d.proc.poll() is None:
             d.kill()
@@ -72,10 +78,7 @@ def test_sigterm_during_a_slow_backend_probe_stops_at_once(tmp_path: Path, short
         assert d.proc is not None
         try:
             wait_for(lambda: ("/api/version", None) in srv.requests, 30, "the backend probe")
-            t0 = time.monotonic()
-            d.proc.send_signal(signal.SIGTERM)
-            code = d.proc.wait(30)
-            took = time.monotonic() - t0
+            code, took = _sigterm(d)
         finally:
             if d.proc.poll() is None:
                 d.kill()
