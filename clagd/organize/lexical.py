@@ -408,6 +408,20 @@ def _similar_pairs(groups: dict[str, _Group], corpus: TfIdf) -> list[tuple[float
     )
 
 
+def describe_groups(
+    groups: list[tuple[str, list[Memory]]], taken: set[str]
+) -> dict[str, tuple[str, str, list[str]]]:
+    """ref -> the lexical profile (name, description, tags) of each group, as a session
+    names the clusters it makes: words distinctive among these memories, names distinct
+    from `taken` (casefolded; the names given are added to it) and from each other."""
+    corpus = TfIdf(m for _ref, members in groups for m in members)
+    out: dict[str, tuple[str, str, list[str]]] = {}
+    for ref, members in groups:
+        out[ref] = _describe(members, corpus, taken)
+        taken.add(out[ref][0].casefold())
+    return out
+
+
 def _describe(members: list[Memory], corpus: TfIdf, taken: set[str]) -> tuple[str, str, list[str]]:
     """Name (2-5 distinctive words, distinct from `taken`), one-sentence description, tags."""
     picked = _name_words(members, corpus)

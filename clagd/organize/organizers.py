@@ -24,7 +24,7 @@ from clagd.errors import BackendError
 from clagd.model import Cluster, Memory
 from clagd.organize.chunks import Chunk, combine, make_chunks
 from clagd.organize.examples import prompt_examples
-from clagd.organize.lexical import neighbourhood, organize
+from clagd.organize.lexical import describe_groups, neighbourhood, organize
 from clagd.organize.naming import NamingRun, name_groups
 from clagd.organize.plan import NEW_PREFIX, Plan, PlanError
 from clagd.organize.plan_parse import parse_plan
@@ -115,19 +115,23 @@ def organizer_for(
     competence gate measured that the model does not organize better than it (`gate`)."""
     if backend is None or isinstance(backend, NoneBackend):
         return LexicalOrganizer(cfg)
-    if gate is not None and not gate.may_organize():
+    if gate is not None and not gate.allows("organize"):
         if gate.allows("name"):
             return NamingOrganizer(backend, cfg)
         return LexicalOrganizer(cfg)
     judge = gate is None or gate.allows("judge")
-    return ModelOrganizer(backend, cfg, prompts_dir, judge=judge)
+    name = gate is None or gate.allows("name")
+    return ModelOrganizer(backend, cfg, prompts_dir, judge=judge, name=name)
 
 
 def gate_note(backend: Backend | None, gate: GateResult | None) -> list[str]:
     """What a session says when the gate kept a model from organizing ([] otherwise)."""
     if backend is None or gate is None or gate.may_organize():
         return []
-    who = f"competence gate: {backend.name} {backend.model} may not organize ({gate.refused()})"
+    model = f"competence gate: {backend.name} {backend.model}"
+    if gate.allows("organize"):
+        return [f"{model} may not name ({gate.refused()}): the model groups, lexical names"]
+    who = f"{model} may not organize ({gate.refused()})"
     if gate.allows("name"):
         return [f"{who}: lexical grouping, the model names the clusters"]
     return [f"{who}: lexical organizer"]
@@ -234,6 +238,25 @@ def _use_profiles(plan: Plan, run: NamingRun) -> None:
             pc.name, pc.description, pc.tags = got.name, got.description, list(got.tags)
 
 
+def _lexical_profiles(plan: Plan, snap: Snapshot) -> None:
+    """A model allowed to organize but not to name: its grouping, the lexical organizer's
+    profiles. A cluster the plan creates gets the lexical profile of what it will hold; an
+    existing one keeps its own (the model's rename is dropped)."""
+    groups = [g for g in named_groups(plan, snap.sample, snap.clusters) if g[0] in _new_refs(plan)]
+    taken = {c.name.casefold() for c in snap.clusters.values()}
+    made = describe_groups(groups, taken)
+    for pc in plan.clusters:
+        old = snap.clusters.get(pc.ref)
+        if old is not None:
+            pc.name, pc.description, pc.tags = old.name, old.description, list(old.tags)
+        elif pc.ref in made:
+            pc.name, pc.description, pc.tags = made[pc.ref]
+
+
+def _new_refs(plan: Plan) -> set[str]:
+    return {pc.ref for pc in plan.clusters if pc.ref.startswith(NEW_PREFIX)}
+
+
 def named_groups(
     plan: Plan, sample: list[Memory], clusters: dict[str, Cluster]
 ) -> list[tuple[str, list[Memory]]]:
@@ -325,11 +348,15 @@ class ModelOrganizer:
         cfg: SessionConfig,
         prompts_dir: Path | None,
         judge: bool = True,
+        name: bool = True,
     ) -> None:
         self.backend = backend
         self.cfg = cfg
         self.prompts_dir = prompts_dir
         self.may_judge = judge  # the competence gate's judge task: do its yes/no count?
+        self.may_name = (
+            name  # its name task: else the lexical organizer names (`_lexical_profiles`)
+        )
         self.fallback: Organizer | None = LexicalOrganizer(cfg)
         self._chunked: tuple[Snapshot, str, list[Chunk]] | None = None
 
@@ -360,6 +387,8 @@ class ModelOrganizer:
             [self._propose_chunk(template, ch, seed, meter) for ch in chunks],
             [ch.scope for ch in chunks],
         )
+        if not self.may_name:
+            _lexical_profiles(plan, snap)
         sampled = snap.sampled
         return Proposal(lambda _state: (plan, sampled), self.cfg.validate_fraction)
 

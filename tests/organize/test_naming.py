@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from competent import Competent
 from fake_ollama import FakeOllama
 from helpers import git, head_contents
 
@@ -84,9 +85,34 @@ def test_the_permissions_pick_the_organizer(eng: Engine, fake: FakeOllama) -> No
     backend = OllamaBackend(eng.config.backend.ollama)
     cfg = eng.config.session
     assert isinstance(organizer_for(backend, cfg, None, verdict(name=True)), NamingOrganizer)
-    assert organizer_for(backend, cfg, None, verdict(organize=True)).backend.name == "none"
+    assert organizer_for(backend, cfg, None, verdict()).backend.name == "none"
+    grouping = organizer_for(backend, cfg, None, verdict(organize=True))
+    assert type(grouping).__name__ == "ModelOrganizer" and not grouping.may_name
     both = organizer_for(backend, cfg, None, verdict(organize=True, name=True))
-    assert type(both).__name__ == "ModelOrganizer"
+    assert type(both).__name__ == "ModelOrganizer" and both.may_name
+
+
+def test_model_grouping_lexical_names(eng: Engine, fake: FakeOllama) -> None:
+    """Allowed to organize but not to name: the model's groups, the lexical names."""
+    # a grouping the lexical organizer would not make: the drinks go with the cold evenings
+    reference = {t: f"reference {i}" for i, pair in enumerate(TOPICS) for t in pair}
+    reference.update({t: "reference 0" for t in TOPICS[2]})
+    fake.default = Competent(reference)
+    before = sorted(head_contents(eng.root))
+    out = run(eng, verdict(organize=True))
+    assert out.status == "accepted", out.reasons
+    assert sorted(head_contents(eng.root)) == before  # nothing lost
+    clusters = list(eng.state.clusters.values())
+    groups = {frozenset(m.content for m in c.memories) for c in clusters}
+    want: dict[str, set[str]] = {}
+    for text, ref in reference.items():
+        want.setdefault(ref, set()).add(text)
+    assert groups == {frozenset(v) for v in want.values()}  # the model's grouping
+    names = [c.name for c in clusters]
+    assert not any(n.startswith("reference") for n in names), names  # not the model's names
+    assert len({n.casefold() for n in names}) == len(names) == len(TOPICS) - 1
+    assert all(c.description.endswith(".") and c.tags for c in clusters)
+    assert any("may not name" in r and "lexical names" in r for r in out.reasons), out.reasons
 
 
 def test_lexical_grouping_model_names(eng: Engine, fake: FakeOllama) -> None:
