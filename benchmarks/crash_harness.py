@@ -14,7 +14,10 @@ harness checks:
   in HEAD, exactly once;
 * `git fsck --full` is clean, and no restart was blocked by a stale lock.
 
-    python benchmarks/crash_harness.py --kills 200 [--seed 1] [--keep]
+    python benchmarks/crash_harness.py --kills 200 [--seed 1] [--keep] [--realistic N]
+
+`--realistic N` starts from a store of N memories shaped as the daemon shapes one
+(`realistic.py`: ~12 a cluster), each of which must also stay in HEAD exactly once.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # realistic.py, corpus.py
 
 from helpers import DaemonProcess, make_store, wait_for  # noqa: E402
+from realistic import seed_store  # noqa: E402
 
 from clagd.client import Client  # noqa: E402
 
@@ -210,10 +215,17 @@ def inbox_leftovers(inbox: Path) -> set[str]:
     return {p.name for p in inbox.iterdir() if p.is_file()}
 
 
-def run(kills: int, seed: int = 1, workdir: Path | None = None, verbose: bool = True) -> dict:
+def run(
+    kills: int,
+    seed: int = 1,
+    workdir: Path | None = None,
+    verbose: bool = True,
+    realistic: int = 0,
+) -> dict:
     rng = random.Random(seed)
     base = Path(workdir or tempfile.mkdtemp(prefix="clagd-crash-"))
     store = make_store(base / "memory", OVERRIDES)
+    seeded = seed_store(store, realistic, seed) if realistic else []
     sock = Path(tempfile.mkdtemp(prefix="clagd-c-", dir="/tmp")) / "s.sock"
     counts = Counts()
     observed: Counter[str] = Counter()
@@ -303,6 +315,9 @@ def run(kills: int, seed: int = 1, workdir: Path | None = None, verbose: bool = 
     for content in requester.acked:
         if final[content] != 1:
             problems.append(f"acknowledged add {content!r} is in HEAD {final[content]} times")
+    lost = [c for c in seeded if final[c] != 1]
+    if lost:
+        problems.append(f"{len(lost)} of the realistic store's memories not in HEAD once")
     dupes = [c for c, n in final.items() if n > 1]
     if dupes:
         problems.append(f"{len(dupes)} memories twice in HEAD, e.g. {dupes[0]!r}")
@@ -328,6 +343,7 @@ def run(kills: int, seed: int = 1, workdir: Path | None = None, verbose: bool = 
         "files_left_in_inbox": len(left),
         "memories_in_files": counts.memories_in_files,
         "acked_adds": counts.acked_adds,
+        "realistic_memories": len(seeded),
         "memories_in_head": sum(final.values()),
         "observed_heads": counts.observed_heads,
         "requests": dict(counts.ops),
@@ -349,8 +365,9 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", type=Path, default=None, help="keep the store here")
+    ap.add_argument("--realistic", type=int, default=0, help="start from N memories")
     args = ap.parse_args()
-    report = run(args.kills, args.seed, args.workdir)
+    report = run(args.kills, args.seed, args.workdir, realistic=args.realistic)
     print(json.dumps(report, indent=2))
     return 1 if report["problems"] else 0
 

@@ -21,6 +21,10 @@ With `--daemon-gc` the daemon's own `git gc --auto` (store/packing.py) runs all 
 all of that: checked every 0.6 s, with git's threshold at its lowest (`gc.auto = 1`).
 
     python benchmarks/person_harness.py --rounds 3 [--kills 3] [--seed 1] [--keep] [--daemon-gc]
+        [--realistic N]
+
+`--realistic N` starts from a store of N memories shaped as the daemon shapes one
+(`realistic.py`: ~12 a cluster), checked as the acknowledged ones are.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # realistic.py, corpus.py
 
 from helpers import DaemonProcess, make_store, wait_for  # noqa: E402
+from realistic import seed_store  # noqa: E402
 
 from clagd.client import Client, ClientError  # noqa: E402
 from clagd.model import memory_id  # noqa: E402
@@ -280,8 +286,25 @@ class Person:
             # a stash that a write of the daemon's cut half-way (the stash made, the reset
             # refused by the index lock) leaves the change in place too: the stash holds it
             git(self.root, "checkout", "-q", "--", "clagd.yaml")
-            self.again("stash", "pop", "-q")
+            self.pop()
         git(self.root, "checkout", "-q", "--", "clagd.yaml")
+
+    def pop(self) -> None:
+        """`stash pop`, as a person resolves it: a stash that caught a daemon's write in
+        flight (a cluster file the daemon committed since) conflicts with HEAD; the person
+        takes HEAD's memory files and drops the stash (their own change is clagd.yaml)."""
+        for _ in range(30):
+            r = git(self.root, "stash", "pop", "-q", check=False)
+            if r.returncode == 0:
+                return
+            if "index.lock" not in r.stderr:
+                break
+            time.sleep(0.1)
+        self.cleanups["stash-conflict"] += 1
+        self.again("reset", "-q")  # the unmerged entries out of the index
+        tracked = set(git(self.root, "ls-tree", "--name-only", "HEAD").stdout.split())
+        self.again("checkout", "-q", "HEAD", "--", *(d for d in DATA_DIRS if d in tracked))
+        git(self.root, "stash", "drop", "-q", check=False)
 
     def again(self, *args: str) -> None:
         """A command git refuses while a write of the daemon's is in flight: try again."""
@@ -403,6 +426,7 @@ def run(
     workdir: Path | None = None,
     verbose: bool = True,
     daemon_gc: bool = False,
+    realistic: int = 0,
 ) -> dict:
     rng = random.Random(seed)
     base = workdir or Path(tempfile.mkdtemp(prefix="clagd-p-", dir="/tmp"))
@@ -412,14 +436,24 @@ def run(
     (root / "notes.txt").write_text("the person's notes\n")
     git(root, "add", "clagd.yaml", "notes.txt")
     git(root, "commit", "-q", "-m", "settings and notes")
+    seeded = seed_store(root, realistic, seed) if realistic else []
     sock = root / ".clagd" / "clagd.sock"
     daemon = DaemonProcess(root, sock).start()
     t0 = time.monotonic()
     load = Load(root, sock, rng)
+    # in HEAD before the daemon started: checked as memories acknowledged then are
+    load.acked.update({t: 0.0 for t in seeded})
     person = Person(root, daemon, load, rng)
     load.start()
     try:
         person.play(rounds, kills)
+        # the load goes on until something is acknowledged after the person's last rewrite,
+        # so that the check of what came after it never checks nothing
+        wait_for(
+            lambda: any(at > person.last_rewrite_end for at in list(load.acked.values())),
+            60,
+            "an acknowledgement after the last rewrite",
+        )
     finally:
         load.stop_event.set()
         load.join(30)
@@ -431,6 +465,7 @@ def run(
         "packs_at_end": len(list((root / ".git" / "objects" / "pack").glob("*.pack"))),
     }
     report["seconds"] = round(time.monotonic() - t0, 1)
+    report["realistic_memories"] = len(seeded)
     if verbose:
         print(json.dumps(report, indent=1, default=str))
     if workdir is None and not report["problems"]:
@@ -527,7 +562,11 @@ def finish(root: Path, daemon: DaemonProcess, load: Load, person: Person) -> dic
     with Client(daemon.socket, timeout=30) as c:
         st2 = c.status()
     if st2["counts"]["memories"] != n_hot or st2["head"] != head:
-        problems.append("a start without the warm-start file serves something else")
+        problems.append(
+            "a start without the warm-start file serves something else: "
+            f"{st2['counts']['memories']} memories at {st2['head'][:10]}, "
+            f"HEAD holds {n_hot} at {head[:10]}"
+        )
     daemon.terminate()
     return {
         "person_steps": dict(person.ops),
@@ -563,9 +602,10 @@ def main() -> int:
     ap.add_argument(
         "--daemon-gc", action="store_true", help="the daemon's git gc all along (see above)"
     )
+    ap.add_argument("--realistic", type=int, default=0, help="start from N memories")
     a = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="clagd-p-", dir="/tmp")) if a.keep else None
-    report = run(a.rounds, a.kills, a.seed, workdir, daemon_gc=a.daemon_gc)
+    report = run(a.rounds, a.kills, a.seed, workdir, daemon_gc=a.daemon_gc, realistic=a.realistic)
     return 1 if report["problems"] else 0
 
 

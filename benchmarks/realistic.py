@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from clagd.config import SessionConfig
-from clagd.model import Cluster, Memory, new_cluster_id, parse_epoch
+from clagd.model import Cluster, Memory, new_cluster_id, normalize_content, parse_epoch
 from clagd.organize.lexical import organize
 from clagd.store.files import Paths, write_cluster
 
@@ -78,6 +78,21 @@ def write_realistic(store: Path, texts: list[str]) -> int:
     for c in clusters:
         write_cluster(paths, c)
     return len(clusters)
+
+
+def seed_store(store: Path, n: int, seed: int = 1) -> list[str]:
+    """Commit a realistic store of `n` memories (LoCoMo turns recombined, `corpus.py`) into
+    `store` before a daemon starts, as the harnesses do with `--realistic N`; returns the
+    memories' texts as stored (normalized), each of which must stay in HEAD exactly once."""
+    import subprocess
+
+    from corpus import memories
+
+    texts = memories(n, seed)
+    k = write_realistic(store, texts)
+    for args in (["add", "-A", "clusters"], ["commit", "-qm", f"bench: {k} realistic clusters"]):
+        subprocess.run(["git", *args], cwd=store, check=True, capture_output=True)
+    return [normalize_content(t) for t in texts]
 
 
 def cold_days(texts: list[str], layout: str, share: float) -> float:

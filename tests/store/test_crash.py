@@ -37,10 +37,13 @@ def _harness():
 
 
 def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
-    report = _harness().run(kills=10, seed=7, workdir=tmp_path / "crash", verbose=False)
+    report = _harness().run(
+        kills=10, seed=7, workdir=tmp_path / "crash", verbose=False, realistic=300
+    )
     print({k: v for k, v in report.items() if k != "problems"})
     assert report["problems"] == []
     assert report["kills"] == 10 and report["restarts"] == 11
+    assert report["realistic_memories"] == 300  # each in HEAD once, or a problem above
     assert report["files"] > 20 and report["memories_in_head"] >= report["memories_in_files"]
     assert report["requests"].get("recluster", 0) > 0
 
