@@ -10,6 +10,7 @@ from index_stores import HIKING, mem, random_store, same_results
 from clagd.change import IndexChange
 from clagd.model import Cluster, Memory
 from clagd.retrieval.index import Index
+from clagd.retrieval.snapshot import _with_supersedes
 
 
 def test_incremental_apply_equals_full_rebuild():
@@ -134,6 +135,54 @@ def test_many_mixed_changes_equal_a_full_rebuild():
     same_results(ix, Index.build(clusters, unsorted), queries)
     for old, cl, un in history[::7]:  # snapshots are immutable
         same_results(old, Index.build(cl, un), queries[:3])
+
+
+def _links(ix: Index) -> list[tuple[str, str]]:
+    """The snapshot's supersedes links as (superseded id, successor id), in its order."""
+    mems = ix.memories.mems
+    return [(mems[a].id, mems[b].id) for a, b in zip(ix.sup_old.tolist(), ix.sup_new.tolist())]
+
+
+def test_supersedes_links_follow_every_change():
+    """A change carries the clusters with supersedes links over (`Index.sup_cslots`)
+    instead of looking at every cluster: after links are made, cleared, their clusters
+    rewritten or removed, they are the ones of a look at every cluster, in its order, and
+    the links equal a rebuild's."""
+    clusters, unsorted, vocab, rng = random_store(5, n_clusters=6, per=5, n_unsorted=4)
+    ix = Index.build(clusters, unsorted)
+    queries = [" ".join(rng.choices(vocab, k=3)) for _ in range(6)]
+    for step in range(40):
+        cid = rng.choice(sorted(clusters))
+        c = clusters[cid]
+        op = rng.choice(["link", "link", "clear", "remove", "route", "unsorted"])
+        kw: dict = {}
+        if op == "link" and len(c.memories) > 1:
+            a, b = rng.sample(c.memories, 2)
+            sup = {**c.supersedes, b.id: a.id}
+            clusters[cid] = Cluster(cid, c.name, memories=c.memories, supersedes=sup)
+            kw = {"upsert_clusters": [clusters[cid]]}
+        elif op == "clear" and c.supersedes:
+            clusters[cid] = Cluster(cid, c.name, memories=c.memories)
+            kw = {"upsert_clusters": [clusters[cid]]}
+        elif op == "remove" and len(clusters) > 2:
+            del clusters[cid]
+            kw = {"remove_clusters": [cid]}
+        elif op == "route":
+            m = mem(" ".join(rng.choices(vocab, k=4)) + f" s{step}", 500 + step)
+            clusters[cid] = Cluster(cid, c.name, memories=[*c.memories, m], supersedes=c.supersedes)
+            kw = {"upsert_clusters": [clusters[cid]]}
+        else:
+            m = mem(" ".join(rng.choices(vocab, k=4)) + f" t{step}", 900 + step)
+            unsorted.append(m)
+            kw = {"add_unsorted": [m]}
+        if kw:
+            ix = ix.apply(IndexChange(**kw))
+        full = Index.build(clusters, unsorted)
+        # the order of a looking at every cluster (slot_of's), the links of a rebuild
+        assert ix.sup_cslots == _with_supersedes(ix.profiles)
+        assert sorted(_links(ix)) == sorted(_links(full))
+        if step % 8 == 0:
+            same_results(ix, full, queries)
 
 
 def test_compaction_after_many_removals_keeps_answers():
