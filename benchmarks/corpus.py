@@ -15,6 +15,7 @@ def find_data() -> Path:
         *([Path(os.environ["CLAGD_LOCOMO_DEV"])] if os.environ.get("CLAGD_LOCOMO_DEV") else []),
         DATA,
         Path(__file__).resolve().parents[1] / "shared" / "data" / "locomo" / "locomo-dev.json",
+        Path("/work/shared/data/locomo/locomo-dev.json"),
     ):
         if cand.exists():
             return cand

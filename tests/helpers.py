@@ -25,6 +25,21 @@ from clagd.store.files import load_state
 # The repository root (tests live one or two folders below it).
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+LOCOMO_DEV = (
+    next(
+        (
+            p
+            for p in (SHARED_DATA, Path("/work/shared/data"))
+            if (p / "locomo" / "locomo-dev.json").exists()
+        ),
+        SHARED_DATA,
+    )
+    / "locomo"
+    / "locomo-dev.json"
+)
+# the harnesses' short runs start from this many realistic memories (LoCoMo turns
+# recombined, benchmarks/realistic.py), from none where the LoCoMo file is not here
+REALISTIC = 300 if LOCOMO_DEV.exists() else 0
 
 FAST = {
     "backend": {"kind": "none", "recheck_seconds": 0},

@@ -14,7 +14,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import REPO, InProcessDaemon, git, head_contents, make_store, wait_for
+from helpers import (
+    REALISTIC,
+    REPO,
+    InProcessDaemon,
+    git,
+    head_contents,
+    make_store,
+    wait_for,
+)
 
 from clagd.engine.core import Engine
 from clagd.errors import Conflict
@@ -38,12 +46,12 @@ def _harness():
 
 def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
     report = _harness().run(
-        kills=10, seed=7, workdir=tmp_path / "crash", verbose=False, realistic=300
+        kills=10, seed=7, workdir=tmp_path / "crash", verbose=False, realistic=REALISTIC
     )
     print({k: v for k, v in report.items() if k != "problems"})
     assert report["problems"] == []
     assert report["kills"] == 10 and report["restarts"] == 11
-    assert report["realistic_memories"] == 300  # each in HEAD once, or a problem above
+    assert report["realistic_memories"] == REALISTIC  # each in HEAD once, or a problem above
     assert report["files"] > 20 and report["memories_in_head"] >= report["memories_in_files"]
     assert report["requests"].get("recluster", 0) > 0
 
