@@ -121,10 +121,10 @@ class _Applying:
             for src in pc.merge_from:
                 if src == dest.id or src not in state.clusters:
                     continue
-                victim = state.clusters.pop(src)
                 self.mark_cluster(dest.id)
                 if self.touch is not None:
-                    self.touch.touch_cluster(src)
+                    self.touch.touch_cluster(src)  # before it changes, as every mark
+                victim = state.clusters.pop(src)
                 out.removed.add(src)
                 out.changed.discard(src)
                 dest.memories.extend(victim.memories)
@@ -176,6 +176,8 @@ class _Applying:
                 continue
             where.pop(drop_id)  # folded away: a later pair cannot name it
             keep_c, drop_c = state.clusters[kw[1]], state.clusters[dw[1]]
+            self.mark_cluster(keep_c.id)
+            self.mark_cluster(drop_c.id)
             keep = next(m for m in keep_c.memories if m.id == keep_id)
             drop = next(m for m in drop_c.memories if m.id == drop_id)
             drop_c.memories.remove(drop)
@@ -194,8 +196,6 @@ class _Applying:
                 keep.scope,
             )
             keep_c.memories[at] = keep
-            self.mark_cluster(keep_c.id)
-            self.mark_cluster(drop_c.id)
             self.out.dropped.append(drop)
             self.out.notes.append(
                 f"merged memory {drop.id} {drop.content!r} into {keep.id} {keep.content!r}"

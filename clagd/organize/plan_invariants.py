@@ -1,11 +1,12 @@
-"""`check_invariants`: the store after a plan's commit against the memories before it."""
+"""`check_invariants`: the store after a plan's commit against the memories before it;
+`check_touched`: the same for the places the plan changed (what a session runs)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from clagd.model import Memory
-from clagd.organize.plan import NAME_MAX_CHARS, StateLike
+from clagd.model import Cluster, Memory
+from clagd.organize.plan import NAME_MAX_CHARS, StateLike, Toucher
 from clagd.organize.plan_checks import name_problem
 
 
@@ -41,14 +42,7 @@ def check_invariants(
     names: dict[tuple[str, str], str] = {}
     for area, table in (("clusters", state.clusters), ("archive", state.archived)):
         for cid, c in table.items():
-            if c.id != cid:
-                problems.append(f"cluster {cid} has id {c.id}")
-            if any(m.scope != c.scope for m in c.memories):
-                problems.append(f"cluster {c.name!r} ({cid}) mixes scopes")
-            if not c.memories:
-                problems.append(f"cluster {c.name!r} ({cid}) is empty")
-            if not c.name.strip() or len(c.name) > NAME_MAX_CHARS:
-                problems.append(f"cluster {cid} has an invalid name {c.name!r}")
+            _cluster_problems(cid, c, problems)
             if area == "clusters":
                 named = (c.scope, c.name.strip().casefold())
                 if named in names:
@@ -59,3 +53,104 @@ def check_invariants(
         if rc is not None and (p := name_problem(rc.name)):
             problems.append(p)
     return problems
+
+
+class Before:
+    """The places a plan changes, each with its members' ids before the change: a
+    `Toucher` in front of the writer's (`apply_plan` marks a place before it changes it),
+    so `check_touched` compares exactly what the plan changed."""
+
+    def __init__(self, state: StateLike, inner: Toucher | None = None) -> None:
+        self.state, self.inner = state, inner
+        self.clusters: dict[str, list[str]] = {}
+        self.shards: dict[str, list[str]] = {}
+        self.total = total_memories(state)
+
+    def touch_cluster(self, cid: str) -> None:
+        if cid not in self.clusters:
+            c = self.state.clusters.get(cid)
+            self.clusters[cid] = [m.id for m in c.memories] if c is not None else []
+        if self.inner is not None:
+            self.inner.touch_cluster(cid)
+
+    def touch_shard(self, name: str) -> None:
+        if name not in self.shards:
+            self.shards[name] = [m.id for m in self.state.unsorted.get(name) or []]
+        if self.inner is not None:
+            self.inner.touch_shard(name)
+
+
+def total_memories(state: StateLike) -> int:
+    """How many memories the store holds (a length per place, no memory read)."""
+    return (
+        sum(len(c.memories) for c in state.clusters.values())
+        + sum(len(c.memories) for c in state.archived.values())
+        + sum(len(v) for v in state.unsorted.values())
+    )
+
+
+def check_touched(
+    before: Before,
+    state: StateLike,
+    dropped: Iterable[str] = (),
+    renamed: Iterable[str] = (),
+) -> list[str]:
+    """`check_invariants` for the places a plan changed (issue 26: the whole store was
+    read after every plan): every memory they held exactly once among them (none lost,
+    none duplicated, none appeared, `dropped` folded on purpose), the store's count
+    unchanged otherwise (a memory put anywhere else, or taken from anywhere else, changes
+    it), each changed cluster non-empty, of one scope and well named, and its name
+    distinct from every other hot cluster's in its scope."""
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    had: set[str] = set()
+    places = [("clusters", k, ids) for k, ids in before.clusters.items()]
+    places += [("unsorted", k, ids) for k, ids in before.shards.items()]
+    for area, key, ids in places:
+        had.update(ids)
+        now = (state.unsorted.get(key) or []) if area == "unsorted" else _hot(state, key)
+        for m in now:
+            where = f"{area}/{key}"
+            if m.id in seen:
+                problems.append(f"memory {m.id} is in {seen[m.id]} and {where}")
+            seen[m.id] = where
+    gone = set(dropped)
+    for mid in sorted(had - gone - set(seen)):
+        problems.append(f"memory {mid} was lost")
+    for mid in sorted(set(seen) - had):
+        problems.append(f"memory {mid} appeared from nowhere")
+    total, expected = total_memories(state), before.total - len(gone & had)
+    if not problems and total != expected:
+        problems.append(f"the store holds {total} memories, {expected} expected")
+    changed = [c for cid in before.clusters if (c := state.clusters.get(cid)) is not None]
+    names: dict[tuple[str, str], str] = {}
+    for c in changed:
+        _cluster_problems(c.id, c, problems)
+        named = (c.scope, c.name.strip().casefold())
+        if named in names:
+            problems.append(f"two clusters are named {c.name!r}")
+        names[named] = c.id
+    for cid, c in state.clusters.items():
+        if cid not in before.clusters and (c.scope, c.name.strip().casefold()) in names:
+            problems.append(f"two clusters are named {c.name!r}")
+    for cid in renamed:
+        rc = state.clusters.get(cid)
+        if rc is not None and (p := name_problem(rc.name)):
+            problems.append(p)
+    return problems
+
+
+def _hot(state: StateLike, cid: str) -> list[Memory]:
+    c = state.clusters.get(cid)
+    return c.memories if c is not None else []
+
+
+def _cluster_problems(cid: str, c: Cluster, problems: list[str]) -> None:
+    if c.id != cid:
+        problems.append(f"cluster {cid} has id {c.id}")
+    if any(m.scope != c.scope for m in c.memories):
+        problems.append(f"cluster {c.name!r} ({cid}) mixes scopes")
+    if not c.memories:
+        problems.append(f"cluster {c.name!r} ({cid}) is empty")
+    if not c.name.strip() or len(c.name) > NAME_MAX_CHARS:
+        problems.append(f"cluster {cid} has an invalid name {c.name!r}")

@@ -52,7 +52,7 @@ from clagd.organize.organizers import (
 from clagd.organize.plan import NEW_PREFIX, Plan, PlanError
 from clagd.organize.plan_apply import apply_plan
 from clagd.organize.plan_checks import validate_plan
-from clagd.organize.plan_invariants import check_invariants
+from clagd.organize.plan_invariants import Before, check_touched
 from clagd.organize.sample import Check, Snapshot, lexical_ok, pick_checks, take_snapshot
 from clagd.organize.similarity import ClusterScores
 from clagd.organize.size_policy import memo_for, size_slice
@@ -210,13 +210,6 @@ class ApplyResult:
         return "; ".join((self.problems + self.invariant_problems)[:most])
 
 
-def _all_ids(state: StoreState) -> set[str]:
-    ids = {m.id for c in state.clusters.values() for m in c.memories}
-    ids |= {m.id for c in state.archived.values() for m in c.memories}
-    ids |= {m.id for mems in state.unsorted.values() for m in mems}
-    return ids
-
-
 def _commit_text(
     plan: Plan, state: StoreState, sid: str, label: str, n: int, notes: list[str]
 ) -> tuple[str, str]:
@@ -258,11 +251,12 @@ def _apply_plan_op(ctx: WriteContext, arg: ApplyPlan) -> ApplyResult:
     res.problems = validate_plan(plan, present, state)
     if res.problems:
         return res
-    before = _all_ids(state)
-    old_names = {cid: c.name for cid, c in state.clusters.items()}
+    # the names before of the clusters the plan may rename (only those it describes)
+    old_names = {pc.ref: c.name for pc in plan.clusters if (c := state.clusters.get(pc.ref))}
     # a model's plan (the lexical ones are not checked) is measured before and after
     baseline = _Baseline.take(state, plan) if check_fraction > 0 else None
-    applied = apply_plan(state, plan, touch=ctx)
+    before = Before(state, ctx)  # the places the plan changes, as they were
+    applied = apply_plan(state, plan, touch=before)
     res.moved = applied.moved
     renamed = [
         cid
@@ -275,7 +269,7 @@ def _apply_plan_op(ctx: WriteContext, arg: ApplyPlan) -> ApplyResult:
     )
     moved = {found[mid][2].scope for mid in present}
     res.sha = ctx.commit(subject, body, {**trailers, **scopes_trailer(moved)})
-    res.invariant_problems = check_invariants(
+    res.invariant_problems = check_touched(
         before, state, dropped=[m.id for m in applied.dropped], renamed=renamed
     )
     if res.invariant_problems and res.sha:

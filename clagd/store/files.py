@@ -113,6 +113,12 @@ class StoreState:
     clusters: dict[str, Cluster] = field(default_factory=dict)
     archived: dict[str, Cluster] = field(default_factory=dict)
     unsorted: dict[str, list[Memory]] = field(default_factory=dict)
+    # where each memory was last seen (area, key): only ever a hint, checked against the
+    # place before it is answered (`locate_many`), so a stale entry costs a pass, never a
+    # wrong answer; kept up to date by the writer's commits (`note_places`)
+    places: dict[str, tuple[str, str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def all_memories(self) -> Iterator[tuple[Memory, str, str]]:
         for cid, c in self.clusters.items():
@@ -126,27 +132,60 @@ class StoreState:
                 yield m, "unsorted", shard
 
     def locate(self, mid: str) -> tuple[str, str] | None:
-        for m, area, key in self.all_memories():
-            if m.id == mid:
-                return area, key
-        return None
+        hit = self.locate_many((mid,)).get(mid)
+        return None if hit is None else (hit[0], hit[1])
 
     def memory(self, mid: str) -> Memory | None:
-        for m, _area, _key in self.all_memories():
-            if m.id == mid:
-                return m
-        return None
+        hit = self.locate_many((mid,)).get(mid)
+        return None if hit is None else hit[2]
+
+    def members(self, area: str, key: str) -> list[Memory]:
+        """The memories of one place (`cluster`, `archive` or `unsorted`); [] when gone."""
+        if area == "unsorted":
+            return self.unsorted.get(key) or []
+        c = (self.clusters if area == "cluster" else self.archived).get(key)
+        return c.memories if c is not None else []
 
     def locate_many(self, mids: Iterable[str]) -> dict[str, tuple[str, str, Memory]]:
-        """Where each of these memories is, and the memory, in one pass over the store
-        (`locate` per id is a pass each: quadratic for a session's sample)."""
+        """Where each of these memories is, and the memory. Each is looked for first where
+        `places` last saw it (the members of the places asked, not the store); only ids
+        not found there (moved by a change that did not note it, gone, or never seen)
+        cost one pass over the store, which notes every place again (issue 26: a
+        session's operations held the writer for a pass per call)."""
         wanted = set(mids)
         out: dict[str, tuple[str, str, Memory]] = {}
-        if wanted:
+        if not wanted:
+            return out
+        by_place: dict[tuple[str, str], list[str]] = {}
+        for mid in wanted:
+            hint = self.places.get(mid)
+            if hint is not None:
+                by_place.setdefault(hint, []).append(mid)
+        for (area, key), ids in by_place.items():
+            held = {m.id: m for m in self.members(area, key)}
+            for mid in ids:
+                m = held.get(mid)
+                if m is not None:
+                    out[mid] = (area, key, m)
+        if len(out) < len(wanted):
+            places: dict[str, tuple[str, str]] = {}
             for m, area, key in self.all_memories():
+                places.setdefault(m.id, (area, key))
                 if m.id in wanted and m.id not in out:
                     out[m.id] = (area, key, m)
+            self.places = places
         return out
+
+    def note_places(
+        self, clusters: Iterable[str] = (), archived: Iterable[str] = (), shards: Iterable[str] = ()
+    ) -> None:
+        """Note where the members of these places are now (after a change to them), so
+        `locate_many` finds them there without a pass over the store."""
+        places = self.places
+        for area, keys in (("cluster", clusters), ("archive", archived), ("unsorted", shards)):
+            for key in keys:
+                for m in self.members(area, key):
+                    places[m.id] = (area, key)
 
     def memory_ids(self) -> set[str]:
         ids = {
@@ -411,6 +450,7 @@ def apply_update(base: StoreState, upd: FileUpdate, errors: list[str]) -> StoreS
     places, a cluster both hot and archived); raises StoreError naming every problem found
     here or already in `errors`."""
     state = StoreState(dict(base.clusters), dict(base.archived), dict(base.unsorted))
+    state.places = base.places  # hints only (`locate_many` checks each): shared
     for area, repl in ((state.clusters, upd.clusters), (state.archived, upd.archive)):
         for k, v in repl.items():
             if v is None:

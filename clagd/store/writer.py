@@ -175,6 +175,8 @@ class WriteContext:
 
         sha, prepared = w.commit_beside_prepare(commit, change)
         w.end_txn()
+        # where the memories of the changed files are now: found there without a pass
+        self.state.note_places(self._clusters, self._archive, self._shards)
         self.clear()
         w.publish(replace(change, commit=sha), prepared)
         return sha
