@@ -270,8 +270,7 @@ class Engine(ForgetOps):
         if idx.build or change.archive_changed:
             self._archived = dict(self.state.archived)
             self._archive_index = None
-        if idx.build or change.archive_changed or idx.upsert_clusters or idx.remove_clusters:
-            self._summaries = summary.summarize(self.state)
+        self._summaries = summary.after(self._summaries, self.state, change)
         if change.commit:
             self.head = change.commit
             if self.hooks.on_commit is not None:
@@ -484,7 +483,9 @@ class Engine(ForgetOps):
         # optional SLM pick among the lexical candidates (None: the lexical choice)
         refiner = self.hooks.refiner
         chosen = refiner.choose(index, q.text, q.visible()) if refiner is not None else None
-        archived_ids = {c.id for c in self._summaries if c.archived} if q.include_archive else set()
+        archived_ids = (
+            {c.id for c in self._summaries.values() if c.archived} if q.include_archive else set()
+        )
         out, memory_ids, cluster_ids = answer(
             index, q, archive_idx, chosen, archived_ids, started=t0
         )
@@ -526,7 +527,7 @@ class Engine(ForgetOps):
     ) -> ClusterList:
         """The clusters of `scopes` (None: all), and their unsorted memories' count."""
         out = []
-        for c in self._summaries:
+        for c in self._summaries.values():
             if (c.archived and not include_archive) or (
                 scopes is not None and c.scope not in scopes
             ):
@@ -540,7 +541,7 @@ class Engine(ForgetOps):
         return ClusterList(tuple(out), sum(n for s, n in loose.items() if s in scopes))
 
     def index_unsorted_count(self) -> int:
-        return len(self.index) - sum(c.size for c in self._summaries if not c.archived)
+        return len(self.index) - sum(c.size for c in self._summaries.values() if not c.archived)
 
     def status(self) -> Status:
         hooks = self.hooks
@@ -553,7 +554,9 @@ class Engine(ForgetOps):
             load_source=self.load_source,
             load_processes=self.load_processes,
             route_pending=len(self.routes),
-            counts=summary.counts(self._summaries, len(self.index), self.index.unsorted_by_scope()),
+            counts=summary.counts(
+                self._summaries.values(), len(self.index), self.index.unsorted_by_scope()
+            ),
             counters=dict(self.counters),
             writer=self.writer.status(),
             new_since_session=self.new_since_session,

@@ -26,6 +26,8 @@ class StoreChange:
     archive_changed: bool = False
     commit: str | None = None
     reloaded: bool = False
+    # the archived clusters it wrote or removed (empty with `archive_changed`: unknown)
+    archive_ids: tuple[str, ...] = ()
 
     @classmethod
     def whole(cls, state: StoreState, commit: str | None) -> StoreChange:
@@ -64,4 +66,6 @@ def read_changes(
         add_unsorted=tuple(added),
         remove_unsorted=tuple(removed),
     )
-    return state, StoreChange(index, archive_changed=bool(upd.archive))
+    return state, StoreChange(
+        index, archive_changed=bool(upd.archive), archive_ids=tuple(sorted(upd.archive))
+    )

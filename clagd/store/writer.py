@@ -200,7 +200,8 @@ class WriteContext:
             add_unsorted=tuple(added),
             remove_unsorted=tuple(removed),
         )
-        return StoreChange(index, archive_changed=bool(self._archive)), shards
+        archived = tuple(sorted(self._archive))
+        return StoreChange(index, archive_changed=bool(archived), archive_ids=archived), shards
 
     def _write_files(self, shards: list[tuple[str, list[Memory]]], batch_sync: bool) -> list[str]:
         """Write the touched files (without one fsync each when `batch_sync`: `_flush` then
