@@ -285,7 +285,7 @@ def flat_baselines(texts: list[str], qs: list[str], n_q: int) -> dict:
     }
 
 
-SESSION_OPS = ("_snapshot_op", "_apply_op", "_size_policy_op")
+SESSION_OPS = ("_snapshot_op", "_apply_op", "_size_view_op", "_size_policy_op")
 
 
 def adds_while(sock: str, busy: Callable[[Client], bool], tag: str, limit: float = 300) -> list:

@@ -10,11 +10,12 @@ operation on the single writer, through one callable:
         ctx.commit(subject, body, trailers) -> sha | None
         ctx.revert(sha, subject, trailers) -> sha
 
-The operations are `_snapshot_op` (copies of the sample and the clusters), `_apply_op`
-(make the plan if it is made on the writer, validate it against the state at that moment,
-apply, commit, check invariants, revert at once if they fail), `_revert_op`, `_record_op` and
-`_size_policy_op`. Model calls happen between operations, so the writer (ingest, queries'
-index snapshots) is never blocked by a model.
+The operations are `_snapshot_op` (what the sample and the clusters' copies are taken
+from, off the writer), `_apply_op` (make the plan if it is made on the writer, validate it
+against the state at that moment, apply, commit, check invariants, revert at once if they
+fail), `_revert_op`, `_record_op`, `_size_view_op` (what a size-policy slice is planned on,
+off the writer) and `_size_policy_op` (its plan applied). Model calls happen between
+operations, so the writer (ingest, queries' index snapshots) is never blocked by a model.
 
 Plans come from an organizer (`organize.organizers`): a model's, or the lexical one when there
 is no model (`backend` None or `slm.none.NoneBackend`). The session runs one path for both:
@@ -118,14 +119,6 @@ def new_session_id() -> str:
 
 
 @dataclass(frozen=True)
-class Sample:
-    """`_snapshot_op`'s argument: how many memories to sample, and their access counts."""
-
-    size: int
-    access: Mapping[str, int] | None
-
-
-@dataclass(frozen=True)
 class PlanCommit:
     """How a plan's commit is described: the session, the plan's label in the subject, the
     trailers, the seed of the checks it picks, and notes for the body."""
@@ -176,15 +169,22 @@ class Record:
 
 @dataclass(frozen=True)
 class SizePolicy:
-    """`_size_policy_op`'s argument: the session, its trailers and its settings."""
+    """`_size_policy_op`'s argument: the session, its trailers, one slice's plan (made off
+    the writer, `_size_view_op`) and the largest a merge may make a cluster."""
 
     sid: str
     trailers: dict[str, Any]
-    cfg: SessionConfig
+    plan: Plan
+    max_size: int
 
 
-def _snapshot_op(ctx: WriteContext, sample: Sample) -> Snapshot:
-    return take_snapshot(ctx.state, sample.size, sample.access)
+def _snapshot_op(ctx: WriteContext) -> StoreState:
+    """What the session's snapshot is taken from, off the writer: the committed copies of
+    the hot clusters (`ctx.hot_clusters`, one dict copy) and the unsorted shards' lists
+    (the unsorted memories only). The sample is chosen and the clusters copied on the
+    session's thread (issue 26: both read the whole store)."""
+    unsorted = {name: list(mems) for name, mems in ctx.state.unsorted.items()}
+    return StoreState(ctx.hot_clusters(), {}, unsorted)
 
 
 @dataclass
@@ -344,28 +344,27 @@ def _revert_op(ctx: WriteContext, arg: RevertCommit) -> str:
         return str(new)
 
 
-@dataclass
-class SizeResult:
-    """One slice of the size policy: what applying it did, and whether work is left."""
-
-    applied: ApplyResult
-    more: bool
-    abandoned: bool = False
+def _size_view_op(ctx: WriteContext) -> tuple[str, dict[str, Cluster]] | None:
+    """The store's key (`memo_for`) and the committed copies of its hot clusters, which a
+    size-policy slice is planned on, off the writer (issue 26: a slice planned on the
+    writer read every cluster there); None when the daemon is stopping."""
+    return None if ctx.w.closing else (str(ctx.paths.root), ctx.hot_clusters())
 
 
-def _size_policy_op(ctx: WriteContext, arg: SizePolicy) -> SizeResult:
-    """One bounded slice of the size policy (`size_policy.size_slice`), applied at once;
-    none when the daemon is stopping (`abandoned`: the slices done so far are committed,
-    as after a kill, and the next session goes on)."""
-    if ctx.w.closing:
-        return SizeResult(ApplyResult(), more=False, abandoned=True)
-    part = size_slice(ctx.state, arg.cfg, memo_for(str(ctx.paths.root)))
-    if part.plan is None:
-        return SizeResult(ApplyResult(), part.more)
-    plan = part.plan
-    sampled = list(plan.assign)
+def _size_policy_op(ctx: WriteContext, arg: SizePolicy) -> ApplyResult:
+    """Apply one slice's plan to the store as it is now, validated and checked as every
+    plan; a merge whose clusters grew past the maximum meanwhile is left out."""
+    plan, hot = arg.plan, ctx.state.clusters
+    plan.clusters = [
+        pc
+        for pc in plan.clusters
+        if sum(len(hot[c].memories) for c in (pc.ref, *pc.merge_from) if c in hot) <= arg.max_size
+        or not pc.merge_from
+    ]
+    if plan.is_empty():
+        return ApplyResult()
     how = PlanCommit(arg.sid, "size policy", arg.trailers)
-    return SizeResult(_apply_plan_op(ctx, ApplyPlan(plan, sampled, 0.0, how)), part.more)
+    return _apply_plan_op(ctx, ApplyPlan(plan, list(plan.assign), 0.0, how))
 
 
 def _record_op(ctx: WriteContext, arg: Record) -> str | None:
@@ -435,7 +434,8 @@ class _Session:
         return {**t, "backend": b.name, "model": b.model, **extra}
 
     def run(self, access: Mapping[str, int] | None) -> SessionOutcome:
-        snap: Snapshot = self.submit(_snapshot_op, Sample(self.cfg.sample_size, access)).result()
+        view: StoreState = self.submit(_snapshot_op).result()
+        snap = take_snapshot(view, self.cfg.sample_size, access)
         self.out.sampled = len(snap.sample)
         if not snap.sample:
             self.out.reasons.append("nothing to organize")
@@ -579,17 +579,22 @@ class _Session:
     def size_policy(self) -> None:
         """Slices of the size policy, writes running between them, until nothing is left,
         `SIZE_SLICES` ran or the session has run `SIZE_SECONDS` (the next one goes on)."""
-        arg = SizePolicy(self.sid, self.trailers(policy="size"), self.cfg)
+        trailers, most = self.trailers(policy="size"), self.cfg.max_cluster_size
         for _ in range(SIZE_SLICES):
-            part: SizeResult = self.submit(_size_policy_op, arg).result()
-            res = part.applied
-            self.out.commits += res.commits
-            if res.problems or res.invariant_problems:
-                self.out.reasons.append(f"size policy skipped: {res.rejected(2)}")
-                return
-            if part.abandoned:
+            view = self.submit(_size_view_op).result()
+            if view is None:  # the slices done so far stay committed, as after a kill
                 self.out.reasons.append("size policy abandoned: the daemon is stopping")
                 return
+            memo = memo_for(view[0])
+            part = size_slice(StoreState(view[1]), self.cfg, memo)  # off the writer
+            if part.plan is not None:
+                arg = SizePolicy(self.sid, trailers, part.plan, most)
+                res: ApplyResult = self.submit(_size_policy_op, arg).result()
+                self.out.commits += res.commits
+                if res.problems or res.invariant_problems:
+                    memo.seen.clear()  # what this slice saw is looked at again
+                    self.out.reasons.append(f"size policy skipped: {res.rejected(2)}")
+                    return
             if not part.more or time.monotonic() - self.start > SIZE_SECONDS:
                 return
 

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar, overload
 from clagd.change import IndexChange, Publisher
 from clagd.errors import Conflict, HeadMoved, Paused, ReadOnly, StoreError
 from clagd.libc import syncfs
-from clagd.model import Memory
+from clagd.model import Cluster, Memory
 from clagd.store.changes import DATA_DIRS, StoreChange, read_changes, unsorted_change
 from clagd.store.drop import drop_memories
 from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
@@ -41,6 +41,7 @@ from clagd.store.files import (
     shard_yaml,
 )
 from clagd.store.following import BranchFollower
+from clagd.store.frozen import FrozenClusters
 from clagd.store.gitrepo import GitStore, blob_id
 from clagd.store.history import HistoryStatus
 
@@ -128,6 +129,11 @@ class WriteContext:
         out += [self.paths.cluster_file(c, archived=True) for c in self._archive]
         out += [self.paths.shard_file(n) for n in self._shards]
         return sorted(str(p.relative_to(root)) for p in out)
+
+    def hot_clusters(self) -> dict[str, Cluster]:
+        """Copies of the hot clusters as committed (`store.frozen`): no later change
+        reaches them, and taking them costs the writer one dict copy."""
+        return self.w.frozen.view(self.state)
 
     def touch_cluster(self, cid: str) -> None:
         self.paths.cluster_file(cid)  # validates the id before anything is written
@@ -458,6 +464,8 @@ class Writer(Generic[P]):
         self.read_only = ""
         self.moved_retries = 0  # commits retried after the branch moved under them
         self.holds = Holds()  # the longest operation the thread ran
+        self.frozen = FrozenClusters()  # copies of the hot clusters, for snapshots
+        self.frozen.view(state)  # made now, not in the first session's writer hold
         git.base = git.head()  # the commit the loaded working tree is on
 
     def check_writable(self) -> None:
@@ -568,6 +576,7 @@ class Writer(Generic[P]):
         `prepare` made for this very change when given."""
         if change.commit:
             self.commits += 1
+        self.frozen.changed(change)
         if self.publisher is not None and not change.empty:
             self.publisher.publish(change, prepared)
 
