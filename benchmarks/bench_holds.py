@@ -120,6 +120,7 @@ def run_size(n: int, cache: Path, work: Path, prof: Profiles) -> dict[str, Any]:
     out: dict[str, Any] = {"memories": n, "clusters": eng.index.n_clusters}
     try:
         eng.writer.holds.reset()
+        eng.stats.since = 0.0  # statistics as old as the store: the oldest clusters are cold
         inline = []
         for k in range(5):  # inline-routed batches (at most route_inline_max)
             t = time.perf_counter()

@@ -641,16 +641,16 @@ class Engine(ForgetOps):
     def archive(
         self, dry_run: bool = False, now: float | None = None, scope: str | None = None
     ) -> Archived:
-        """Archive the cold clusters (of `scope` only, when given)."""
-        scope = None if scope is None else check_scope(scope)
-        result: Archived = self.writer.call(self._archive_op, ArchiveRun(dry_run, now, scope))
-        return result
+        """Archive the cold clusters (of `scope` only, when given): in slices."""
+        run = ArchiveRun(dry_run, now, None if scope is None else check_scope(scope))
+        cfg = self.config.archive
+        return archive.archive_slices(self.writer.call, self._archive_op, self.stats, cfg, run)
 
     def _archive_op(self, ctx: WriteContext, run: ArchiveRun) -> Archived:
         if not run.dry_run:
             ctx.check_no_staged()  # paused as an `add` is, even when nothing is cold
         out = archive.archive_cold(
-            ctx, self.stats, self.config.archive, run.dry_run, run.now, run.scope
+            ctx, self.stats, self.config.archive, run.dry_run, run.now, run.scope, run.clusters
         )
         if not out.dry_run:
             self.counters["archived"] += len(out.clusters)

@@ -35,6 +35,8 @@ class ArchiveRun:
     dry_run: bool = False
     now: float | None = None
     scope: str | None = None  # only this scope's clusters (None: every scope's)
+    # one slice: these clusters (found cold off the writer), if still cold; None: all
+    clusters: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
