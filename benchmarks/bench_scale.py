@@ -93,6 +93,9 @@ def build_store(
     if sessions:
         cfg["session"] = sessions
     store = make_store(root, cfg)
+    # access statistics as old as the memories, so the oldest clusters are cold (without
+    # any, a fresh store's clusters count as read at its start: nothing is archived)
+    (store / ".git" / "clagd-stats.json").write_text('{"since": 1, "memories": {}, "clusters": {}}')
     if layout == "realistic":
         write_realistic(store, texts)
         git(store, "add", "-A", "clusters")
@@ -334,6 +337,7 @@ def bench_holds(d: DaemonProcess, sock: str, fresh: list[str]) -> dict:
     out["session_s"] = last.get("seconds", 0.0)
     out["session_status"] = last.get("status", "")
     out["session_hold_ms"] = max(by_op.get(k, 0.0) for k in SESSION_OPS)
+    out["session_holds_ms"] = {k: by_op[k] for k in SESSION_OPS if k in by_op}
     say("  adds while a route pass runs")
     files = st["inbox"]["files_ingested"] + drop_burst(Path(d.root) / "inbox", fresh, 50)
 
