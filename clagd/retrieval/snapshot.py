@@ -27,7 +27,13 @@ from clagd.retrieval import listing, routing, searching
 from clagd.retrieval.postings import ClusterSlots, MemorySlots, forward
 from clagd.retrieval.results import Hit, ResultCache, SearchResult
 from clagd.retrieval.scoring import BM25
-from clagd.retrieval.writing import LooseTids, TermsOf, written
+from clagd.retrieval.writing import (
+    DEAD_CLUSTERS_MIN,
+    LooseTids,
+    TermsOf,
+    clusters_compacted,
+    written,
+)
 from clagd.text import tokenize
 
 
@@ -173,10 +179,15 @@ class Index:
             alive, new_at = profiles.alive, len(self.profiles.clusters)
             sup = [cs for cs in sup if alive[cs]]
             sup += [cs for cs in range(new_at, len(alive)) if profiles.clusters[cs].supersedes]
-        new = Index(self.cfg, self.ingest, self.vocab, memories, profiles, key, loose, sup)
         if len(memories.mems) - memories.n_alive > max(1024, memories.n_alive):
+            new = Index(self.cfg, self.ingest, self.vocab, memories, profiles, key, loose, sup)
             return new._compacted()
-        return new
+        if len(profiles.alive) - len(profiles.slot_of) > max(
+            DEAD_CLUSTERS_MIN, len(profiles.slot_of)
+        ):
+            profiles, memories, remap = clusters_compacted(profiles, memories, len(self.vocab))
+            sup = [int(remap[cs]) for cs in sup]
+        return Index(self.cfg, self.ingest, self.vocab, memories, profiles, key, loose, sup)
 
     def _compacted(self) -> Index:
         """A rebuild from the live memories, reusing their postings (no re-tokenizing)."""

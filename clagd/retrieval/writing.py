@@ -12,6 +12,7 @@ unchanged keeps its slot and its postings. The steps, in order: `free` the slots
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +28,7 @@ from clagd.retrieval.postings import (
     epoch,
     forward,
     importance,
+    inverted,
     label,
     make_segment,
     profiles,
@@ -297,3 +299,40 @@ class _Writer:
             slot_of=self.cslot_of,
             total_len=self.c_total_len,
         )
+
+
+# a snapshot whose dead cluster slots outnumber its live clusters (and this many) gets
+# its cluster level compacted (`clusters_compacted`)
+DEAD_CLUSTERS_MIN = 1024
+
+
+def clusters_compacted(
+    c: ClusterSlots, m: MemorySlots, n_terms: int
+) -> tuple[ClusterSlots, MemorySlots, np.ndarray]:
+    """The cluster level without its dead slots, and the memory slots' `group` renumbered
+    (a dead memory of a dead cluster gets -1), and the old slot -> new slot map (-1: dead).
+
+    Every change that rewrites a cluster gives it a new slot (a route pass, a session), and
+    nothing but a compaction of the memories (when dead memories outnumber live ones)
+    dropped the old ones, so the cluster level grew with every change while the memories
+    did not: each query's cluster scores, `route_many`'s matrix and each change's copies
+    are over all slots, dead or alive. The live slots keep their order (new slot = rank),
+    so every tie between clusters breaks as before, and their profiles their postings,
+    lengths and total: the scores are the same floats."""
+    live = np.flatnonzero(c.alive)
+    remap = np.full(len(c.alive) + 1, -1, dtype=np.int32)  # the last: group -1 stays -1
+    remap[live] = np.arange(len(live), dtype=np.int32)
+    pos, tid, tf = forward(c.segs, live.astype(np.int32))
+    cnt = np.bincount(pos, minlength=len(live))[: len(live)]
+    segs = (inverted(0, len(live), cnt, tid, tf, n_terms),) if len(live) else ()
+    at = live.tolist()
+    clusters = ClusterSlots(
+        clusters=[c.clusters[s] for s in at],
+        members=[c.members[s] for s in at],
+        length=c.length[live],
+        alive=np.ones(len(live), dtype=bool),
+        segs=segs,
+        slot_of={cid: int(remap[s]) for cid, s in c.slot_of.items()},
+        total_len=c.total_len,
+    )
+    return clusters, replace(m, group=remap[m.group]), remap

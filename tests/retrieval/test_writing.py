@@ -4,8 +4,10 @@ are refused."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from index_stores import HIKING, mem, random_store, same_results
+from index_stores import HIKING, mem, random_store, routing_store, same_results
 
 from clagd.change import IndexChange
 from clagd.model import Cluster, Memory
@@ -183,6 +185,62 @@ def test_supersedes_links_follow_every_change():
         assert sorted(_links(ix)) == sorted(_links(full))
         if step % 8 == 0:
             same_results(ix, full, queries)
+
+
+def _answers(ix: Index, queries: list[str], batch: list[Memory]) -> list:
+    """Everything a query or a route reads of a snapshot, floats exactly."""
+    out: list = [ix.route_many(batch), sorted(ix.memory_scores(queries[0]).items())]
+    for q in queries:
+        r = ix.search(q, max_memories=7)
+        out.append(([(h.memory.id, h.cluster_id, h.score) for h in r.memories], r.clusters))
+        out.append(ix.cluster_candidates(q, 5))
+    return out
+
+
+def test_cluster_compaction_keeps_every_answer(monkeypatch: pytest.MonkeyPatch):
+    """Routed memories and sessions leave dead cluster slots behind (a rewritten cluster
+    gets a new slot); once they outnumber the live clusters the cluster level is compacted
+    (`writing.clusters_compacted`). The compacted lineage answers exactly like one that
+    never compacts (ids, float scores, the clusters chosen, routes), and stays small."""
+    import clagd.retrieval.snapshot as snapshot
+
+    clusters, batch = routing_store(6)
+    ixs = {4: Index.build(clusters, []), 10**9: Index.build(clusters, [])}
+    rng = random.Random(6)
+    queries = [m.content for m in batch[:6]] + ["topic notes w7"]
+    for step in range(120):
+        cid = rng.choice(sorted(clusters))
+        c = clusters[cid]
+        m = batch[step % len(batch)]
+        m = mem(m.content + f" s{step}", 2000 + step)
+        kw: dict = {}
+        if step % 9 == 4 and len(c.memories) > 1:  # a session: one cluster split in two
+            nid = f"c-{0xE000 + step:08x}"
+            half = len(c.memories) // 2
+            first = c.memories[:half]
+            sup = {first[1].id: first[0].id} if half > 1 else {}  # and a supersedes link
+            clusters[cid] = Cluster(cid, c.name, memories=first, supersedes=sup)
+            clusters[nid] = Cluster(nid, f"Split {step}", memories=c.memories[half:])
+            kw = {"upsert_clusters": [clusters[cid], clusters[nid]]}
+        elif step % 13 == 6 and len(clusters) > 3:  # a merge
+            other = rng.choice(sorted(set(clusters) - {cid}))
+            merged = c.memories + clusters.pop(other).memories
+            clusters[cid] = Cluster(cid, c.name, memories=merged)
+            kw = {"upsert_clusters": [clusters[cid]], "remove_clusters": [other]}
+        else:  # a routed memory
+            clusters[cid] = Cluster(cid, c.name, memories=[*c.memories, m])
+            kw = {"upsert_clusters": [clusters[cid]]}
+        for limit in ixs:
+            monkeypatch.setattr(snapshot, "DEAD_CLUSTERS_MIN", limit)
+            ixs[limit] = ixs[limit].apply(IndexChange(**kw), routes=True)
+        small, big = ixs[4], ixs[10**9]
+        assert len(small.profiles.alive) <= 2 * max(4, small.n_clusters) + 2
+        assert small.sup_cslots == _with_supersedes(small.profiles)
+        assert sorted(_links(small)) == sorted(_links(big))
+        if step % 10 == 0 or step == 119:
+            assert _answers(small, queries, batch) == _answers(big, queries, batch)
+    assert len(ixs[10**9].profiles.alive) > 3 * len(ixs[4].profiles.alive)
+    assert _links(ixs[4])
 
 
 def test_compaction_after_many_removals_keeps_answers():
