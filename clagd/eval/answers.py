@@ -271,9 +271,11 @@ class Scores:
         mine = self.by_question[(fmt, base)]
         out: dict[str, PairedDiff] = {}
         for other in ANSWER_SYSTEMS:
+            if other == base:
+                continue
             theirs = self.by_question[(fmt, other)]
             pairs = [(100 * mine[q], 100 * theirs[q]) for q in sorted(mine.keys() & theirs)]
-            if other == base or not pairs:
+            if not pairs:
                 continue
             _, iv = bootstrap(
                 pairs,

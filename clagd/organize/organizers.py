@@ -242,7 +242,9 @@ def _lexical_profiles(plan: Plan, snap: Snapshot) -> None:
     """A model allowed to organize but not to name: its grouping, the lexical organizer's
     profiles. A cluster the plan creates gets the lexical profile of what it will hold; an
     existing one keeps its own (the model's rename is dropped)."""
-    groups = [g for g in named_groups(plan, snap.sample, snap.clusters) if g[0] in _new_refs(plan)]
+    groups = [
+        g for g in named_groups(plan, snap.sample, snap.clusters) if g[0].startswith(NEW_PREFIX)
+    ]
     taken = {c.name.casefold() for c in snap.clusters.values()}
     made = describe_groups(groups, taken)
     for pc in plan.clusters:
@@ -251,10 +253,6 @@ def _lexical_profiles(plan: Plan, snap: Snapshot) -> None:
             pc.name, pc.description, pc.tags = old.name, old.description, list(old.tags)
         elif pc.ref in made:
             pc.name, pc.description, pc.tags = made[pc.ref]
-
-
-def _new_refs(plan: Plan) -> set[str]:
-    return {pc.ref for pc in plan.clusters if pc.ref.startswith(NEW_PREFIX)}
 
 
 def named_groups(
@@ -354,9 +352,8 @@ class ModelOrganizer:
         self.cfg = cfg
         self.prompts_dir = prompts_dir
         self.may_judge = judge  # the competence gate's judge task: do its yes/no count?
-        self.may_name = (
-            name  # its name task: else the lexical organizer names (`_lexical_profiles`)
-        )
+        # its name task: else the lexical organizer names (`_lexical_profiles`)
+        self.may_name = name
         self.fallback: Organizer | None = LexicalOrganizer(cfg)
         self._chunked: tuple[Snapshot, str, list[Chunk]] | None = None
 

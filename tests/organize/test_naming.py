@@ -6,7 +6,7 @@ server, a real store and the real writer."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from fake_ollama import FakeOllama
 from helpers import git, head_contents
 
 from clagd.engine.core import Engine
+from clagd.model import Cluster
 from clagd.organize.gate import GateResult, TaskScore
 from clagd.organize.lexical import organize
 from clagd.organize.naming import BATCH
@@ -58,6 +59,19 @@ def profiles(req: dict[str, Any]) -> dict[str, Any]:
                 "tags": [word.casefold(), "model"],
             }
     return {"content": {"groups": out}}
+
+
+def groups_of(clusters: Iterable[Cluster]) -> set[frozenset[str]]:
+    """The clusters' contents, each cluster one set."""
+    return {frozenset(m.content for m in c.memories) for c in clusters}
+
+
+def grouped(pairs: Iterable[tuple[str, str]]) -> set[frozenset[str]]:
+    """(text, group) pairs as the sets of texts of each group."""
+    out: dict[str, set[str]] = {}
+    for text, group in pairs:
+        out.setdefault(group, set()).add(text)
+    return {frozenset(v) for v in out.values()}
 
 
 @pytest.fixture
@@ -103,11 +117,7 @@ def test_model_grouping_lexical_names(eng: Engine, fake: FakeOllama) -> None:
     assert out.status == "accepted", out.reasons
     assert sorted(head_contents(eng.root)) == before  # nothing lost
     clusters = list(eng.state.clusters.values())
-    groups = {frozenset(m.content for m in c.memories) for c in clusters}
-    want: dict[str, set[str]] = {}
-    for text, ref in reference.items():
-        want.setdefault(ref, set()).add(text)
-    assert groups == {frozenset(v) for v in want.values()}  # the model's grouping
+    assert groups_of(clusters) == grouped(reference.items())  # the model's grouping
     names = [c.name for c in clusters]
     assert not any(n.startswith("reference") for n in names), names  # not the model's names
     assert len({n.casefold() for n in names}) == len(names) == len(TOPICS) - 1
@@ -125,12 +135,10 @@ def test_lexical_grouping_model_names(eng: Engine, fake: FakeOllama) -> None:
     assert sorted(head_contents(eng.root)) == before  # nothing lost
     clusters = list(eng.state.clusters.values())
     # the lexical organizer's grouping, exactly
-    groups = {frozenset(m.content for m in c.memories) for c in clusters}
-    by_ref: dict[str, set[str]] = {}
+    groups = groups_of(clusters)
     contents = {m.id: m.content for m in mems}
-    for mid, ref in lexical.assign.items():
-        by_ref.setdefault(ref, set()).add(contents[mid])
-    assert groups == {frozenset(v) for v in by_ref.values()} and len(groups) == len(TOPICS)
+    assert groups == grouped((contents[mid], ref) for mid, ref in lexical.assign.items())
+    assert len(groups) == len(TOPICS)
     # the model's profiles, in batched calls (no plan call: the model does not group)
     assert all(c.name.startswith("model named ") for c in clusters), [c.name for c in clusters]
     assert all(c.description.startswith("Everything about") and "model" in c.tags for c in clusters)
