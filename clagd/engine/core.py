@@ -59,6 +59,7 @@ from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_sh
 from clagd.ingest.inbox import Item, validate_item
 from clagd.ingest.turns import stored_roles, turn_items
 from clagd.model import Memory, iso_utc
+from clagd.organize.size_policy import SessionMemo
 from clagd.protocol import ListParams, QueryParams
 from clagd.retrieval.index import Index
 from clagd.scopes import DEFAULT_SCOPE, check_scope, scope_or_default
@@ -91,10 +92,12 @@ class Engine(ForgetOps):
         self.packer = ObjectPacker(self.root, self.config.git.gc_interval_minutes * 60)
         self.started_at = time.time()
         self.notes: list[str] = recover(self.git, self.paths)
-        # the store's own caches of its files (never shared with another store's)
+        # the store's own caches (never shared with another store's): of its files, and
+        # what its sessions remember between them
         self.fragments = Fragments()
         self.ignored = IgnoredFiles(self.root)
         self.special = SpecialFiles(self.root, DATA_DIRS)
+        self.session_memo = SessionMemo()
         state = self._load()
         self._archive_index: Index | None = None
         self._archived = dict(state.archived)
@@ -533,7 +536,8 @@ class Engine(ForgetOps):
             ):
                 continue
             count, last = self.stats.cluster(c.id)
-            out.append(replace(c, access_count=count, last_accessed=_iso(last)))
+            when = None if last is None else iso_utc(last)
+            out.append(replace(c, access_count=count, last_accessed=when))
         out.sort(key=lambda c: (c.archived, -c.size, c.name))
         if scopes is None:
             return ClusterList(tuple(out), self.index_unsorted_count())
@@ -694,7 +698,3 @@ class Engine(ForgetOps):
 
             self.hooks.session_runner = engine_session_runner(BackendManager(self.config))
         return self.hooks.session_runner
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else iso_utc(ts)

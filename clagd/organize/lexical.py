@@ -93,41 +93,50 @@ def _segment(mems: list[Memory], cfg: SessionConfig, corpus: TfIdf) -> list[list
 # clusters a session's loose memories may continue, at most (the nearest in time); with
 # the clusters of the sampled memories, what a lexical plan reads (issue 26)
 NEIGHBOURS = 40
-# each cluster's newest time, by (cluster id) -> (size, first and last member objects' ids)
-_newest: dict[str, tuple[tuple[int, int, int], float]] = {}
 
 
-def _newest_ts(c: Cluster) -> float:
-    """The newest member's time (cached while the cluster's member list is the same)."""
-    key = (len(c.memories), id(c.memories[0]), id(c.memories[-1]))
-    got = _newest.get(c.id)
-    if got is not None and got[0] == key:
-        return got[1]
-    ts = max(_ts(m) for m in c.memories)
-    _newest[c.id] = (key, ts)
-    return ts
+class NewestTimes:
+    """Each cluster's newest member time, kept while its member list is the same (by size
+    and first and last member objects: a memory is never changed in place). One per store,
+    kept by its engine (`size_policy.SessionMemo`), never shared with another store's; a
+    fresh one costs the times again, never an answer."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[tuple[int, int, int], float]] = {}
+
+    def of(self, c: Cluster) -> float:
+        key = (len(c.memories), id(c.memories[0]), id(c.memories[-1]))
+        got = self._seen.get(c.id)
+        if got is not None and got[0] == key:
+            return got[1]
+        ts = max(_ts(m) for m in c.memories)
+        self._seen[c.id] = (key, ts)
+        return ts
 
 
 def neighbourhood(
     memories: list[Memory], home: Mapping[str, str], clusters: Mapping[str, Cluster],
-    cfg: SessionConfig,
+    cfg: SessionConfig, newest: NewestTimes | None = None,
 ) -> list[Cluster]:  # fmt: skip
     """The clusters a plan for the sampled `memories` reads: those holding a sampled
     memory (`home`: memory id -> cluster id) and the `NEIGHBOURS` whose newest memory is
     nearest before the loose memories' times (within the episode gap: the only ones an
     episode may continue). Not every cluster: a session at 100k memories would otherwise
-    read all of them, on the writer. A store with few clusters gives all."""
+    read all of them, on the writer. A store with few clusters gives all. `newest`: the
+    store's (None: a fresh one)."""
     if len(clusters) <= NEIGHBOURS:
         return list(clusters.values())
     own = {cid for mid, cid in home.items() if cid in clusters}
     loose = [_ts(m) for m in memories if m.id not in home]
     near: list[tuple[float, str]] = []
     if loose:
+        if newest is None:
+            newest = NewestTimes()
         lo, hi = min(loose) - cfg.episode_gap_minutes * 60.0, max(loose)
         for cid, c in clusters.items():
             if cid in own or not c.memories:
                 continue
-            t = _newest_ts(c)
+            t = newest.of(c)
             if lo <= t <= hi:
                 near.append((hi - t, cid))
     picked = own | {cid for _d, cid in sorted(near)[:NEIGHBOURS]}

@@ -24,7 +24,7 @@ from clagd.errors import BackendError
 from clagd.model import Cluster, Memory
 from clagd.organize.chunks import Chunk, combine, make_chunks
 from clagd.organize.examples import prompt_examples
-from clagd.organize.lexical import describe_groups, neighbourhood, organize
+from clagd.organize.lexical import NewestTimes, describe_groups, neighbourhood, organize
 from clagd.organize.naming import NamingRun, name_groups
 from clagd.organize.plan import NEW_PREFIX, Plan, PlanError
 from clagd.organize.plan_parse import parse_plan
@@ -110,15 +110,17 @@ def organizer_for(
     cfg: SessionConfig,
     prompts_dir: Path | None = None,
     gate: GateResult | None = None,
+    newest: NewestTimes | None = None,
 ) -> Organizer:
     """The organizer for a backend: the lexical one when there is no model, or when the
-    competence gate measured that the model does not organize better than it (`gate`)."""
+    competence gate measured that the model does not organize better than it (`gate`).
+    `newest`: the store's clusters' newest times, which the lexical one reads."""
     if backend is None or isinstance(backend, NoneBackend):
-        return LexicalOrganizer(cfg)
+        return LexicalOrganizer(cfg, newest)
     if gate is not None and not gate.allows("organize"):
         if gate.allows("name"):
             return NamingOrganizer(backend, cfg)
-        return LexicalOrganizer(cfg)
+        return LexicalOrganizer(cfg, newest)
     judge = gate is None or gate.allows("judge")
     name = gate is None or gate.allows("name")
     return ModelOrganizer(backend, cfg, prompts_dir, judge=judge, name=name)
@@ -160,9 +162,10 @@ class LexicalOrganizer:
     attempts = 1
     fallback: Organizer | None = None
 
-    def __init__(self, cfg: SessionConfig) -> None:
+    def __init__(self, cfg: SessionConfig, newest: NewestTimes | None = None) -> None:
         self.cfg = cfg
         self.backend: Backend = NoneBackend()
+        self.newest = newest if newest is not None else NewestTimes()  # the store's
 
     def tag(self, attempt: int, seed: int) -> Tag:
         return Tag("lexical", {}, "lexical ")
@@ -170,7 +173,7 @@ class LexicalOrganizer:
     def propose(self, snap: Snapshot, seed: int, meter: Meter) -> Proposal:
         sampled, cfg = snap.sampled, self.cfg
         home = {mid: cid for mid, cid in snap.home.items() if cid is not None}
-        ahead = _lexical_plan(snap.sample, home, snap.clusters, cfg)
+        ahead = _lexical_plan(snap.sample, home, snap.clusters, cfg, self.newest)
 
         def make(state: StoreState) -> tuple[Plan, list[str]] | None:
             if ahead.still_holds(state):
@@ -178,7 +181,7 @@ class LexicalOrganizer:
             mems, now_home = _present(state, sampled)
             if not mems:
                 return None
-            made = _lexical_plan(mems, now_home, state.clusters, cfg)
+            made = _lexical_plan(mems, now_home, state.clusters, cfg, self.newest)
             return made.plan, made.ids
 
         return Proposal(make)
@@ -307,9 +310,10 @@ class _LexicalPlan:
 
 
 def _lexical_plan(
-    mems: list[Memory], home: dict[str, str], clusters: dict[str, Cluster], cfg: SessionConfig
-) -> _LexicalPlan:
-    near = neighbourhood(mems, home, clusters, cfg)
+    mems: list[Memory], home: dict[str, str], clusters: dict[str, Cluster], cfg: SessionConfig,
+    newest: NewestTimes,
+) -> _LexicalPlan:  # fmt: skip
+    near = neighbourhood(mems, home, clusters, cfg, newest)
     read = {c.id: fingerprint(c) for c in near}
     others = [c.name for cid, c in clusters.items() if cid not in read]
     plan = organize(mems, near, cfg, other_names=others)

@@ -56,7 +56,7 @@ from clagd.organize.plan_checks import validate_plan
 from clagd.organize.plan_invariants import Before, check_touched
 from clagd.organize.sample import Check, Snapshot, lexical_ok, pick_checks, take_snapshot
 from clagd.organize.similarity import ClusterScores
-from clagd.organize.size_policy import memo_for, size_slice
+from clagd.organize.size_policy import SessionMemo, SizeMemo, size_slice
 from clagd.organize.validation import retrievability, retrievability_problem
 from clagd.scopes import scopes_trailer
 from clagd.slm.base import Backend
@@ -344,11 +344,11 @@ def _revert_op(ctx: WriteContext, arg: RevertCommit) -> str:
         return str(new)
 
 
-def _size_view_op(ctx: WriteContext) -> tuple[str, dict[str, Cluster]] | None:
-    """The store's key (`memo_for`) and the committed copies of its hot clusters, which a
-    size-policy slice is planned on, off the writer (issue 26: a slice planned on the
-    writer read every cluster there); None when the daemon is stopping."""
-    return None if ctx.w.closing else (str(ctx.paths.root), ctx.hot_clusters())
+def _size_view_op(ctx: WriteContext) -> dict[str, Cluster] | None:
+    """The committed copies of the store's hot clusters, which a size-policy slice is
+    planned on, off the writer (issue 26: a slice planned on the writer read every cluster
+    there); None when the daemon is stopping."""
+    return None if ctx.w.closing else ctx.hot_clusters()
 
 
 def _size_policy_op(ctx: WriteContext, arg: SizePolicy) -> ApplyResult:
@@ -386,13 +386,16 @@ def run_session(
     session_id: str | None = None,
     seed: int | None = None,
     gate: GateResult | None = None,
+    memo: SessionMemo | None = None,
 ) -> SessionOutcome:
     """Run one session to its end and say what happened. `backend` None (or a
     `NoneBackend`) means the lexical organizer; so does a `gate` verdict that the model may
-    not organize (the outcome says why). Raises only for errors of the store itself (the
-    writer failing)."""
-    organizer = organizer_for(backend, config.session, prompts_dir, gate)
-    session = _Session(submit, organizer, config.session, trigger, session_id, seed)
+    not organize (the outcome says why). `memo`: what sessions remember of this store (its
+    engine's; None: a fresh one). Raises only for errors of the store itself (the writer
+    failing)."""
+    memo = memo if memo is not None else SessionMemo()
+    organizer = organizer_for(backend, config.session, prompts_dir, gate, memo.newest)
+    session = _Session(submit, organizer, config.session, trigger, session_id, seed, memo.size)
     session.out.reasons.extend(gate_note(backend, gate))
     return session.run(access)
 
@@ -408,8 +411,10 @@ class _Session:
         trigger: str,
         session_id: str | None,
         seed: int | None,
+        size_memo: SizeMemo,
     ) -> None:
         self.start = time.monotonic()
+        self.size_memo = size_memo  # the store's (`SessionMemo.size`)
         self.submit = submit
         self.organizer = organizer
         self.cfg = cfg
@@ -585,8 +590,8 @@ class _Session:
             if view is None:  # the slices done so far stay committed, as after a kill
                 self.out.reasons.append("size policy abandoned: the daemon is stopping")
                 return
-            memo = memo_for(view[0])
-            part = size_slice(StoreState(view[1]), self.cfg, memo)  # off the writer
+            memo = self.size_memo
+            part = size_slice(StoreState(view), self.cfg, memo)  # off the writer
             if part.plan is not None:
                 arg = SizePolicy(self.sid, trailers, part.plan, most)
                 res: ApplyResult = self.submit(_size_policy_op, arg).result()
@@ -636,6 +641,9 @@ class SessionHost(Protocol):
     @property
     def stats(self) -> _AccessCounts: ...
 
+    @property
+    def session_memo(self) -> SessionMemo: ...
+
 
 def _gate(engine: SessionHost, chosen: Backend | None) -> GateResult | None:
     """The competence gate's verdict on the chosen model: cached in .clagd/gate/, measured
@@ -674,6 +682,7 @@ def engine_session_runner(backends: BackendManager) -> Callable[..., SessionOutc
             trigger=trigger,
             access=access,
             gate=_gate(engine, chosen),
+            memo=engine.session_memo,
         )
         if outcome.status in FAILED_STATUSES and outcome.asked_model:
             backends.record_failure("; ".join(outcome.reasons[-2:]))

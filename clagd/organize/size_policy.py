@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from clagd.config import SessionConfig
 from clagd.model import Cluster, Memory, parse_epoch
-from clagd.organize.lexical import segment
+from clagd.organize.lexical import NewestTimes, segment
 from clagd.organize.plan import (
     DESCRIPTION_MAX_CHARS,
     NAME_MAX_CHARS,
@@ -70,18 +70,21 @@ def fingerprint(c: Cluster) -> int:
 @dataclass
 class SizeMemo:
     """What the size policy saw of each cluster: its fingerprint then, and its signature
-    (most frequent terms). One per store, kept for the daemon's life (`memo_for`)."""
+    (most frequent terms). Only ever a shortcut: a cluster whose fingerprint changed is
+    looked at again."""
 
     seen: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
 
 
-_MEMOS: dict[str, SizeMemo] = {}
+@dataclass
+class SessionMemo:
+    """What sessions remember of one store between them: the size policy's `SizeMemo` and
+    each cluster's newest time (`lexical.NewestTimes`). Kept by the store's engine
+    (`Engine.session_memo`) for its life and dropped with it, never shared with another
+    store's; a fresh one costs time, never an answer."""
 
-
-def memo_for(key: str) -> SizeMemo:
-    """The memo of one store (`key`: its root). A memo is only ever a shortcut: a cluster
-    whose fingerprint changed is looked at again."""
-    return _MEMOS.setdefault(key, SizeMemo())
+    size: SizeMemo = field(default_factory=SizeMemo)
+    newest: NewestTimes = field(default_factory=NewestTimes)
 
 
 @dataclass

@@ -74,8 +74,8 @@ class Replica:
         self.index = index
         self.version = version
         self.reported = 0  # `queried` messages sent
-        # (change, the index it was made from, the snapshot it makes): see `prepare`
-        self.pending: tuple[IndexChange, Index, Index] | None = None
+        # the snapshot `prepare` made, served by `commit` (see there)
+        self.pending: Index | None = None
         self._send_lock = threading.Lock()
 
     def send(self, msg: ToDaemon) -> None:
@@ -88,15 +88,15 @@ class Replica:
     def prepare(self, change: IndexChange) -> None:
         """Make the snapshot `change` gives, beside the one served (the daemon is committing
         it); `commit` serves it."""
-        self.pending = (change, self.index, self.index.apply(change))
+        self.pending = self.index.apply(change)
 
     def commit(self, version: int) -> None:
-        """The change last prepared was committed: serve its snapshot."""
+        """The change last prepared was committed: serve its snapshot. It was made from the
+        served one: only `prepare`, `commit` and `apply` change either, and each of them
+        drops what was prepared before."""
         if self.pending is None:
             raise ClagdError(f"told to serve version {version}, which was never prepared")
-        change, base, made = self.pending
-        self.pending = None
-        self.index = made if base is self.index else self.index.apply(change)
+        self.index, self.pending = self.pending, None
         self.version = version
         self.send(Applied(version))
 

@@ -244,3 +244,26 @@ def test_route_pass_goes_in_slices_of_bounded_clusters(tmp_path: Path) -> None:
         assert eng.index_unsorted_count() == 0
     finally:
         eng.close()
+
+
+def test_each_store_keeps_what_its_sessions_remember(tmp_path: Path) -> None:
+    """The size policy's memo and the clusters' newest times belong to the store's engine
+    (`Engine.session_memo`): kept from one session to the next, never shared with another
+    store's, dropped with the engine."""
+    engines = [Engine(make_store(tmp_path / name)) for name in ("a", "b")]
+    try:
+        for k, eng in enumerate(engines):
+            items = [{"content": t, "created_at": at(i)} for i, t in enumerate(texts(60, k))]
+            eng.add(items)
+            assert eng.recluster("manual", "none").status == "accepted"
+        a, b = (eng.session_memo for eng in engines)
+        assert a is not b and a.size is not b.size and a.newest is not b.newest
+        for eng in engines:
+            seen = set(eng.session_memo.size.seen)
+            assert seen and seen <= set(eng.state.clusters)
+        engines[0].add([{"content": "one more about copper lanterns", "created_at": at(90)}])
+        engines[0].recluster("manual", "none")
+        assert engines[0].session_memo is a and set(a.size.seen) <= set(engines[0].state.clusters)
+    finally:
+        for eng in engines:
+            eng.close()
