@@ -267,3 +267,43 @@ def test_cli_update_and_revert_keep_to_their_scope(daemon: InProcessDaemon) -> N
     own = run(main, [*base, "update", "--scope", "alice", "--json", mid, "Alice: 0151 222"])
     assert own.exit_code == 0, own.output
     assert json.loads(own.output)["supersedes"] == mid
+
+
+def test_archive_per_scope_and_an_archived_cluster_stays_in_its_scope(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """`archive --scope`: only that scope's cold clusters move (one commit naming it); an
+    archived cluster is searched (`include_archive`) and thawed for its own scope only."""
+    from helpers import make_store
+
+    root = make_store(tmp_path / "m", {"archive": {"cold_after_days": 0, "thaw_on_hit": True}})
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        facts = [
+            "tomatoes in the garden need water every morning",
+            "planted basil next to the garden tomatoes",
+            "the garden hose leaks near the tomatoes",
+        ]
+        with d.client() as c:
+            for who in ("alice", "bob"):
+                c.add_many([{"content": f"{who}: {f}"} for f in facts], scope=who)
+            c.recluster()
+            mine = {w: {x.id for x in c.clusters(scope=w).clusters} for w in ("alice", "bob")}
+            assert mine["alice"] and mine["bob"]
+            dry = c.archive(dry_run=True, scope="alice")
+            assert set(dry["clusters"]) == mine["alice"]
+            res = c.archive(scope="alice")
+            assert set(res["clusters"]) == mine["alice"]
+            assert "Clagd-Scopes: alice" in git(root, "log", "-1", "--format=%B")
+            assert {x.id for x in c.clusters(scope="bob").clusters} == mine["bob"]  # still hot
+            assert all(not x.archived for x in c.clusters(scope="bob").clusters)
+            # bob, searching the archive too, sees none of alice's archived memories
+            ask = {"text": "garden tomatoes water", "include_archive": True}
+            got = c.call("query", **ask, scope="bob")
+            assert got["memories"] and {h["scope"] for h in got["memories"]} == {"bob"}
+            assert not got.get("thawing")
+            cold = c.call("query", **ask, scope="alice")
+            assert cold["memories"] and {h["scope"] for h in cold["memories"]} == {"alice"}
+            assert cold["thawing"] and set(cold["thawing"]) <= mine["alice"]
+    finally:
+        d.stop()
