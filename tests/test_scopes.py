@@ -307,3 +307,20 @@ def test_archive_per_scope_and_an_archived_cluster_stays_in_its_scope(
             assert cold["thawing"] and set(cold["thawing"]) <= mine["alice"]
     finally:
         d.stop()
+
+
+def test_a_bad_scope_is_refused_on_every_op(daemon: InProcessDaemon) -> None:
+    """Also on the store-wide ops that do not read a scope (status, recluster, round,
+    ping): a typo'd or hostile name is an error there too, never silently ignored."""
+    with daemon.client() as c:
+        head = git(daemon.root, "rev-parse", "HEAD")
+        ops = sorted(daemon.daemon.server.dispatcher.ops)
+        assert {"status", "recluster", "round", "query", "forget", "add"} <= set(ops)
+        for op in ops:
+            for bad in ({"scope": "../alice"}, {"scopes": ["Bob"]}, {"scopes": "bob"}):
+                with pytest.raises(ClientError) as refused:
+                    c.request(op, {"text": "x", "content": "x", "ref": "HEAD", **bad})
+                code = "bad_request" if bad == {"scopes": "bob"} else "bad_scope"
+                assert refused.value.code == code, (op, bad, refused.value)
+        assert c.status()["counts"]["memories"] == 0
+        assert git(daemon.root, "rev-parse", "HEAD") == head

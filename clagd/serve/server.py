@@ -65,6 +65,10 @@ class Dispatcher:
                     f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}", "unknown_op"
                 )
             params = {k: v for k, v in req.items() if k not in ("id", "op") and v is not None}
+            if "scope" in params or "scopes" in params:
+                # a bad scope name is refused on every op, also on the store-wide ones
+                # (status, recluster, round, ...) that do not read it
+                request_scopes(params)
             return ok_reply(rid, fn(params))
         except GitFailed as exc:  # the store's git failed: logged whole, answered in a line
             log.error("op %r: %s\n%s", req.get("op"), exc, exc.stderr.strip())
