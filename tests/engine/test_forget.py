@@ -179,6 +179,32 @@ def test_forget_redacts_rejected_inbox_copies(daemon: InProcessDaemon) -> None:
     assert (rejected / "other.yaml").read_text() == "nothing to forget here\n"
 
 
+def test_forget_redacts_rejected_copies_however_the_file_wrote_the_text(
+    daemon: InProcessDaemon,
+) -> None:
+    """A rejected file holds the text as its format wrote it (YAML single quotes double
+    the apostrophe, JSON escapes non-ASCII and quotes), and `.clagd/rejected/` holds the
+    files when inbox/rejected/ was another account's: all are redacted, forgotten by id."""
+    text = 'Zo\u00eb\'s "door" PIN is 4321'
+    rejected = daemon.root / "inbox" / "rejected"
+    private = daemon.root / ".clagd" / "rejected"
+    for folder in (rejected, private):
+        folder.mkdir(parents=True, exist_ok=True)
+    yaml_form = text.replace("'", "''")
+    (rejected / "a.yaml").write_text(f"- content: '{yaml_form}'\n- [unclosed\n")
+    (rejected / "b.json").write_text(json.dumps([{"content": text}, {"oops": 1}]))
+    (private / "c.json").write_text(
+        json.dumps({"content": text, "created_at": 5}, ensure_ascii=False)
+    )
+    with daemon.client() as c:
+        mid = c.add(text)["ids"][0]
+        res = c.forget([mid])
+    assert sorted(res["rejected_redacted"]) == [".clagd/rejected/c.json", "a.yaml", "b.json"]
+    for path in (rejected / "a.yaml", rejected / "b.json", private / "c.json"):
+        body = path.read_text()
+        assert "4321" not in body and "[forgotten]" in body, (path, body)
+
+
 def test_query_processes_forget_too(daemon_proc: DaemonProcess) -> None:
     """A query process keeps its own copy of the index: it must drop the memory too."""
     d = daemon_proc.start()
