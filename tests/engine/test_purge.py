@@ -209,3 +209,70 @@ def test_a_memory_forgotten_before_is_purged_later(tmp_path: Path, short_tmp: Pa
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.kill()
+
+
+def test_a_purge_asks_on_a_terminal_and_writes_wait_for_it(
+    tmp_path: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal `forget --purge` asks first (no: nothing happens; yes: purged), and an
+    add sent while history is rewritten waits for it, then commits on the rewritten branch."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from helpers import InProcessDaemon
+
+    import clagd.cli.forgetting as forgetting
+    import clagd.engine.purge as engine_purge
+
+    d = InProcessDaemon(make_store(tmp_path / "memory"), short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            c.add(PIN)
+            c.add("The user likes green tea")
+        tty = SimpleNamespace(stdin=SimpleNamespace(isatty=lambda: True))
+        monkeypatch.setattr(forgetting, "sys", tty)
+        base = ["--store", str(d.root), "--socket", str(d.socket), "forget"]
+        no = CliRunner().invoke(main, [*base, "--match", "pin is 9731", "--purge"], input="n\n")
+        assert no.exit_code == 1 and "Rewrite history?" in no.output, no.output
+        assert SECRET in git(d.root, "log", "-p", "--all")
+        with d.client() as c:
+            assert SECRET in c.query("PIN").context  # not even forgotten
+
+        started, times = threading.Event(), {}
+        real = engine_purge.rewrite_history
+
+        def slow_rewrite(*args: object) -> object:
+            started.set()
+            time.sleep(1.0)
+            out = real(*args)  # type: ignore[arg-type]
+            times["purged"] = time.monotonic()
+            return out
+
+        monkeypatch.setattr(engine_purge, "rewrite_history", slow_rewrite)
+        answer: dict[str, object] = {}
+
+        def purge() -> None:
+            res = CliRunner().invoke(
+                main, [*base, "--match", "pin is 9731", "--purge"], input="y\n"
+            )
+            answer["res"] = res
+
+        t = threading.Thread(target=purge)
+        t.start()
+        assert started.wait(30)
+        with d.client() as c:
+            added = c.add("The user's dog is called Rex")
+        times["added"] = time.monotonic()
+        t.join(60)
+        res = answer["res"]
+        assert res.exit_code == 0 and "commit(s) rewritten" in res.output, res.output  # type: ignore[attr-defined]
+        assert times["purged"] < times["added"]  # the add waited for the rewrite
+        assert git(d.root, "rev-parse", "HEAD").strip() == added["commit"]
+        assert_no_trace(d.root, SECRET, files=False)
+        assert sorted(head_contents(d.root)) == [
+            "The user likes green tea",
+            "The user's dog is called Rex",
+        ]
+    finally:
+        d.stop()
