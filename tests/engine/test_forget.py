@@ -231,3 +231,36 @@ def test_forget_works_in_one_scope(daemon: InProcessDaemon) -> None:
     assert code == 0 and "forgot 1 memory" in out, out
     code, out = _cli(daemon, "forget", "--scope", "Bob!", "--match", "PIN")
     assert code != 0 and "invalid scope 'Bob!'" in out, out
+
+
+def test_forget_reaches_an_archived_memory(tmp_path: Path, short_tmp: Path) -> None:
+    """A memory in archive/ is forgotten like any other: out of its archived cluster's
+    file, the archive's index (include_archive, get) and what a thaw would bring back."""
+    from helpers import make_store
+
+    root = make_store(tmp_path / "m", {"archive": {"cold_after_days": 0}})
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            c.add_many(
+                [
+                    {"content": PIN},
+                    {"content": "The user's PIN reminder is the cat's birthday"},
+                    {"content": "The user changes the PIN every spring"},
+                ]
+            )
+            c.recluster()
+            assert c.archive()["clusters"]
+            hit = c.call("query", text="PIN 4321", include_archive=True)
+            pin = next(m["id"] for m in hit["memories"] if "4321" in m["content"])
+            assert hit["memories"][0]["archived"] is True
+            c.forget([pin])
+            again = c.call("query", text="PIN 4321", include_archive=True, max_memories=20)
+            assert again["memories"] and all("4321" not in m["content"] for m in again["memories"])
+            with pytest.raises(ClientError) as gone:
+                c.get(pin)
+            assert gone.value.code == "not_found"
+        assert PIN not in head_contents(root)
+        assert "4321" not in "".join(p.read_text() for p in (root / "archive").glob("*.yaml"))
+    finally:
+        d.stop()
