@@ -298,13 +298,13 @@ def test_archive_per_scope_and_an_archived_cluster_stays_in_its_scope(
             assert {x.id for x in c.clusters(scope="bob").clusters} == mine["bob"]  # still hot
             assert all(not x.archived for x in c.clusters(scope="bob").clusters)
             # bob, searching the archive too, sees none of alice's archived memories
-            ask = {"text": "garden tomatoes water", "include_archive": True}
-            got = c.call("query", **ask, scope="bob")
-            assert got["memories"] and {h["scope"] for h in got["memories"]} == {"bob"}
-            assert not got.get("thawing")
-            cold = c.call("query", **ask, scope="alice")
-            assert cold["memories"] and {h["scope"] for h in cold["memories"]} == {"alice"}
-            assert cold["thawing"] and set(cold["thawing"]) <= mine["alice"]
+            got = c.query("garden tomatoes water", include_archive=True, scope="bob")
+            assert got.memories and {h.scope for h in got.memories} == {"bob"}
+            assert not got.thawing and not any(h.archived for h in got.memories)
+            cold = c.query("garden tomatoes water", include_archive=True, scope="alice")
+            assert cold.memories and {h.scope for h in cold.memories} == {"alice"}
+            assert all(h.archived for h in cold.memories)
+            assert cold.thawing and set(cold.thawing) <= mine["alice"]
     finally:
         d.stop()
 
