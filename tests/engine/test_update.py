@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -206,4 +207,38 @@ def test_forgetting_the_newer_memory_makes_the_older_current_again(
         assert _ids(c, "locker code") == [old]
     files = _stored(daemon.root)
     assert new not in files and "superseded_by" not in files[old].get("metadata", {})
+    assert_same_as_files(daemon.engine)
+
+
+@pytest.mark.parametrize("how", ["update", "update, clustered", "ingest"])
+def test_reverting_an_update_makes_the_old_memory_current_again(
+    daemon: InProcessDaemon, how: str
+) -> None:
+    """An update (by `update`, or found at ingest) is a commit like any other: its revert
+    takes the new memory out and the old one is current again (no superseded_by left), in
+    queries and in its file."""
+    with daemon.client() as c:
+        old = c.add(PHONE_OLD)["ids"][0]
+        c.add("The user likes hiking in the Alps on weekends")
+        clustered = how == "update, clustered"
+        if clustered:
+            c.recluster()
+        if how == "ingest":
+            added = c.add(PHONE_NEW)
+            assert added["supersedes"] == {added["ids"][0]: old}
+            res = SimpleNamespace(id=added["ids"][0], commit=added["commit"])
+        else:
+            res = c.update(old, PHONE_NEW)
+        if clustered:
+            c.recluster()  # the new memory filed since
+        undone = c.revert(res.commit)
+        assert undone["commits"], undone
+        assert _ids(c, "Alice phone number")[:1] == [old]
+        assert res.id not in _ids(c, "Alice phone number", superseded=True)
+        assert c.get(old).metadata.get("superseded_by") is None
+        with pytest.raises(ClientError) as again:
+            c.revert(res.commit)
+        assert again.value.code == "already_reverted"
+    files = _stored(daemon.root)
+    assert res.id not in files and "superseded_by" not in files[old].get("metadata", {})
     assert_same_as_files(daemon.engine)
