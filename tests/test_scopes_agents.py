@@ -252,6 +252,10 @@ def test_a_pinned_mcp_server_cannot_reach_another_scope(running: DaemonProcess) 
         out["history"] = await s.call_tool("memory_history", {"n": 50})
         out["revert_bob"] = await s.call_tool("revert", {"ref": bob_commit})
         out["clusters"] = await s.call_tool("list_clusters", {})
+        out["forget_bob"] = await s.call_tool("forget", {"ids": [bob_id]})
+        out["forget_match"] = await s.call_tool("forget", {"match": "locker code is 1234"})
+        out["forget_scope"] = await s.call_tool("forget", {"match": "locker", "scope": "bob"})
+        out["update_bob"] = await s.call_tool("update", {"memory_id": bob_id, "content": "x"})
         return out
 
     async def main() -> dict[str, Any]:
@@ -277,6 +281,10 @@ def test_a_pinned_mcp_server_cannot_reach_another_scope(running: DaemonProcess) 
     history = out["history"].structured_content["entries"]
     assert bob_commit not in {e["commit"] for e in history}
     assert out["revert_bob"].is_error and "bad_scope" in out["revert_bob"].content[0].text
+    for refused in ("forget_bob", "forget_match", "update_bob"):  # as if it did not exist
+        assert out[refused].is_error and "not_found" in out[refused].content[0].text, refused
+    assert out["forget_scope"].is_error
+    assert "pinned to scope 'alice'" in out["forget_scope"].content[0].text
     with running.client() as c:
         assert c.get(bob_id, scope="bob").content == "Bob's locker code is 1234"
         assert c.query("planted", scope="bob").memories == []
