@@ -324,3 +324,37 @@ def test_a_bad_scope_is_refused_on_every_op(daemon: InProcessDaemon) -> None:
                 assert refused.value.code == code, (op, bad, refused.value)
         assert c.status()["counts"]["memories"] == 0
         assert git(daemon.root, "rev-parse", "HEAD") == head
+
+
+def test_cli_also_scope_names_the_scopes_seen_besides(daemon: InProcessDaemon) -> None:
+    """A query sees its scope plus the scopes it names: `--also-scope` on query, get and
+    list (the socket's `scopes`); a scope not named stays unseen, a bad name is refused."""
+    from click.testing import CliRunner
+
+    from clagd.cli import main
+
+    base = ["--socket", str(daemon.socket)]
+    run = CliRunner().invoke
+    with daemon.client() as c:
+        ids = {
+            w: c.add(f"{w} keeps a spare key under the mat", scope=w)["ids"][0]
+            for w in ("team", "alice", "bob")
+        }
+
+    def shown(*args: str) -> set[str]:
+        out = run(main, [*base, *args, "--json"])
+        assert out.exit_code == 0, out.output
+        data = json.loads(out.output)
+        return {m["scope"] for m in data.get("memories", [data] if "id" in data else [])}
+
+    assert shown("query", "--scope", "alice", "spare key") == {"alice"}
+    assert shown("query", "--scope", "alice", "--also-scope", "team", "spare key") == {
+        "alice",
+        "team",
+    }
+    assert shown("list", "--scope", "alice", "--also-scope", "team") == {"alice", "team"}
+    assert shown("get", ids["team"], "--scope", "alice", "--also-scope", "team") == {"team"}
+    missing = run(main, [*base, "get", ids["bob"], "--scope", "alice", "--also-scope", "team"])
+    assert missing.exit_code == 1 and ids["bob"] in missing.output
+    bad = run(main, [*base, "query", "--also-scope", "Team", "spare key"])
+    assert bad.exit_code == 2 and "--also-scope" in bad.output and "'Team'" in bad.output
