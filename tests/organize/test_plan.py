@@ -298,3 +298,36 @@ def test_a_model_plan_that_would_mix_scopes_is_refused() -> None:
     for plan, why in bad:
         problems = validate_plan(plan, sample, state())
         assert any(why in p for p in problems), (why, problems)
+
+
+def test_session_checks_rank_a_memory_among_its_own_scopes_clusters() -> None:
+    """The session's lexical checks (retrievability, `lexical_ok`) ask what a query of the
+    memory's scope would find: another scope's cluster, however well it matches, neither
+    outranks the memory's cluster nor makes its assignment look incoherent."""
+    from clagd.organize.sample import lexical_ok
+    from clagd.organize.similarity import ClusterScores
+
+    a = Memory.new("sourdough starter feeding schedule", "2025-01-01T10:00:00Z", scope="alice")
+    a2 = Memory.new("kneading technique for rye loaves", "2025-01-02T10:00:00Z", scope="alice")
+    bobs = [
+        Memory.new(f"sourdough starter feeding schedule, week {i}", scope="bob") for i in range(5)
+    ]
+    state = StoreState()
+    state.clusters["c-aaaaaaaa"] = Cluster(
+        "c-aaaaaaaa", "bread baking notes", memories=[a, a2], scope="alice"
+    )
+    state.clusters["c-bbbbbbbb"] = Cluster(
+        "c-bbbbbbbb", "sourdough starter feeding", memories=bobs, scope="bob"
+    )
+    scored = ClusterScores(state.clusters)
+    assert scored.scores(a.content)["c-bbbbbbbb"] > scored.scores(a.content)["c-aaaaaaaa"]
+    assert scored.rank(a.content, "c-aaaaaaaa") == 1  # Bob's is not Alice's to find
+    assert set(scored.scores(a.content, "alice")) == {"c-aaaaaaaa"}
+    # a memory sharing no word with its cluster, which only another scope's would match
+    lone = Memory.new("sourdough starter feeding", scope="alice")
+    state.clusters["c-cccccccc"] = Cluster(
+        "c-cccccccc", "garden tools list", memories=[lone], scope="alice"
+    )
+    assert lexical_ok(state, lone.id, "c-cccccccc", ClusterScores(state.clusters)) is False
+    del state.clusters["c-aaaaaaaa"]
+    assert lexical_ok(state, lone.id, "c-cccccccc", ClusterScores(state.clusters)) is True
