@@ -238,7 +238,8 @@ def test_forget_reaches_an_archived_memory(tmp_path: Path, short_tmp: Path) -> N
     file, the archive's index (include_archive, get) and what a thaw would bring back."""
     from helpers import make_store
 
-    root = make_store(tmp_path / "m", {"archive": {"cold_after_days": 0}})
+    # no thaw: the query that finds the PIN would bring its cluster back to clusters/
+    root = make_store(tmp_path / "m", {"archive": {"cold_after_days": 0, "thaw_on_hit": False}})
     d = InProcessDaemon(root, short_tmp / "s.sock")
     try:
         with d.client() as c:
@@ -250,7 +251,8 @@ def test_forget_reaches_an_archived_memory(tmp_path: Path, short_tmp: Path) -> N
                 ]
             )
             c.recluster()
-            assert c.archive()["clusters"]
+            archived = c.archive()
+            assert archived["clusters"]
             hit = c.call("query", text="PIN 4321", include_archive=True)
             pin = next(m["id"] for m in hit["memories"] if "4321" in m["content"])
             assert hit["memories"][0]["archived"] is True
@@ -260,6 +262,17 @@ def test_forget_reaches_an_archived_memory(tmp_path: Path, short_tmp: Path) -> N
             with pytest.raises(ClientError) as gone:
                 c.get(pin)
             assert gone.value.code == "not_found"
+            assert git(root, "show", "--name-only", "--format=", "HEAD").split() == [
+                f"archive/{archived['clusters'][0]}.yaml"
+            ]
+            # reverting the archive brings its cluster back to clusters/, without the PIN
+            c.revert(archived["commit"])
+            assert sorted(head_contents(root)) == [
+                "The user changes the PIN every spring",
+                "The user's PIN reminder is the cat's birthday",
+            ]
+            assert not (root / "archive" / f"{archived['clusters'][0]}.yaml").exists()
+            assert all("4321" not in m.content for m in c.query("PIN 4321").memories)
         assert PIN not in head_contents(root)
         assert "4321" not in "".join(p.read_text() for p in (root / "archive").glob("*.yaml"))
     finally:
