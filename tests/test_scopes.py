@@ -358,3 +358,15 @@ def test_cli_also_scope_names_the_scopes_seen_besides(daemon: InProcessDaemon) -
     assert missing.exit_code == 1 and ids["bob"] in missing.output
     bad = run(main, [*base, "query", "--also-scope", "Team", "spare key"])
     assert bad.exit_code == 2 and "--also-scope" in bad.output and "'Team'" in bad.output
+
+
+def test_an_owner_parameter_on_the_socket_is_refused_not_ignored(daemon: InProcessDaemon) -> None:
+    """`{"op": "add", "content": ..., "user_id": "bob"}` (mem0's word) stored the memory in
+    the default scope; it is refused, pointing to `scope`, and nothing is stored."""
+    with daemon.client() as c:
+        for key in ("user_id", "agent_id", "run_id", "namespace"):
+            with pytest.raises(ClientError) as refused:
+                c.request("add", {"content": "Bob's PIN is 1", key: "bob"})
+            assert refused.value.code == "bad_request"
+            assert f"'{key}'" in refused.value.message and "'scope'" in refused.value.message
+        assert c.status()["counts"]["memories"] == 0
