@@ -27,6 +27,7 @@ from clagd.store.drop import label_words
 from clagd.yamlio import YamlError, dumps, loads
 
 REDACTED = "(forgotten)"
+LINK_KEYS = ("supersedes", "superseded_by")  # a memory's metadata naming another's id
 TIMEOUT = 3600.0
 
 
@@ -62,6 +63,14 @@ def scrub_store_file(data: Any, ids: set[str], contents: list[str] | None = None
     data["memories"] = [
         m for m in data["memories"] if not (isinstance(m, dict) and str(m.get("id")) in ids)
     ]
+    for m in data["memories"]:  # a link to a forgotten memory names its id (a content hash)
+        meta = m.get("metadata") if isinstance(m, dict) else None
+        if isinstance(meta, dict):
+            for key in LINK_KEYS:
+                if str(meta.get(key)) in ids:
+                    del meta[key]
+            if not meta:
+                del m["metadata"]
     if contents and len(data["memories"]) != before and isinstance(data.get("name"), str):
         texts = [str(m.get("content", "")) for m in data["memories"] if isinstance(m, dict)]
         tags = [str(t) for t in data.get("tags") or []]

@@ -276,3 +276,30 @@ def test_a_purge_asks_on_a_terminal_and_writes_wait_for_it(
         ]
     finally:
         d.stop()
+
+
+def test_a_purge_leaves_no_link_naming_the_forgotten_id(tmp_path: Path, short_tmp: Path) -> None:
+    """A memory id is a hash of its text: a short one (a PIN) can be found again from it.
+    The newer memory that superseded the forgotten one named its id in its metadata, in
+    every commit since; after a purge no blob of history holds that id."""
+    d = DaemonProcess(make_store(tmp_path / "memory"), short_tmp / "s.sock").start()
+    try:
+        with d.client() as c:
+            old = c.add(PIN)["ids"][0]
+            new = c.add("The user's PIN is 5555")
+            assert new["supersedes"] == {new["ids"][0]: old}
+            c.recluster()
+            res = c.forget(ids=[old], purge=True)
+            assert res["forgotten"] == [old] and res["purge"]["rewritten"]
+            assert "5555" in c.query("PIN").context
+        objects = subprocess.run(
+            ["git", "-C", str(d.root), "cat-file", "--batch-all-objects", "--batch"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        assert old.encode() not in objects, "a blob or message still names the forgotten id"
+        assert_no_trace(d.root, SECRET, files=False)
+        assert d.terminate() == 0
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.kill()
