@@ -242,3 +242,23 @@ def test_reverting_an_update_makes_the_old_memory_current_again(
     files = _stored(daemon.root)
     assert res.id not in files and "superseded_by" not in files[old].get("metadata", {})
     assert_same_as_files(daemon.engine)
+
+
+def test_auto_supersede_never_crosses_scopes(auto: InProcessDaemon) -> None:
+    """A restatement in another scope supersedes nothing of this one: Bob storing "Alice's
+    phone number is 0151 222" in his scope leaves Alice's own memory current in hers (an
+    adversary cannot hide another user's fact by restating it)."""
+    with auto.client() as c:
+        alice = c.add(PHONE_OLD, scope="alice")["ids"][0]
+        res = c.add(PHONE_NEW, scope="bob")
+        assert res["supersedes"] == {}
+        assert _ids_in(c, "alice") == [alice]
+        again = c.add(PHONE_NEW, scope="alice")  # in her own scope it does
+        assert again["supersedes"] == {again["ids"][0]: alice}
+        assert _ids_in(c, "bob") == res["ids"]
+    files = _stored(auto.root)
+    assert "superseded_by" not in files[res["ids"][0]].get("metadata", {})
+
+
+def _ids_in(c: Client, scope: str) -> list[str]:
+    return [m.id for m in c.query("Alice phone number", max_memories=10, scope=scope).memories]
