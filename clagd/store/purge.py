@@ -63,14 +63,7 @@ def scrub_store_file(data: Any, ids: set[str], contents: list[str] | None = None
     data["memories"] = [
         m for m in data["memories"] if not (isinstance(m, dict) and str(m.get("id")) in ids)
     ]
-    for m in data["memories"]:  # a link to a forgotten memory names its id (a content hash)
-        meta = m.get("metadata") if isinstance(m, dict) else None
-        if isinstance(meta, dict):
-            for key in LINK_KEYS:
-                if str(meta.get(key)) in ids:
-                    del meta[key]
-            if not meta:
-                del m["metadata"]
+    _drop_links(data["memories"], ids)
     if contents and len(data["memories"]) != before and isinstance(data.get("name"), str):
         texts = [str(m.get("content", "")) for m in data["memories"] if isinstance(m, dict)]
         tags = [str(t) for t in data.get("tags") or []]
@@ -86,6 +79,20 @@ def scrub_store_file(data: Any, ids: set[str], contents: list[str] | None = None
         else:
             data.pop("supersedes")
     return True
+
+
+def _drop_links(memories: list[Any], ids: set[str]) -> None:
+    """A link to a forgotten memory names its id (a hash of its text): out of every
+    remaining memory's metadata (`supersedes`, `superseded_by`)."""
+    for m in memories:
+        meta = m.get("metadata") if isinstance(m, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        for key in LINK_KEYS:
+            if str(meta.get(key)) in ids:
+                del meta[key]
+        if not meta:
+            del m["metadata"]
 
 
 def scrub_blob(
