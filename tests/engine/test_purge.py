@@ -303,3 +303,37 @@ def test_a_purge_leaves_no_link_naming_the_forgotten_id(tmp_path: Path, short_tm
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.kill()
+
+
+def test_force_remote_never_overwrites_a_commit_the_store_never_had(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """The lease: when replication.remote holds a commit someone else pushed (not one this
+    store had before the purge), --force-remote refuses to push over it, saying so; the
+    history here is rewritten all the same, and the remote keeps exactly what it had."""
+    bare = _bare(tmp_path / "remote.git")
+    cfg = {"replication": {"remote": str(bare), "retry_seconds": 1}}
+    d = DaemonProcess(make_store(tmp_path / "memory", cfg), short_tmp / "s.sock").start()
+    try:
+        with d.client() as c:
+            c.add(PIN)
+            c.add("The user likes green tea")
+        wait_for(lambda: _pushed(bare, git(d.root, "rev-parse", "HEAD").strip()), 30, "push")
+        other = tmp_path / "other"
+        subprocess.run(["git", "clone", "-q", str(bare), str(other)], check=True)
+        (other / "NOTES.md").write_text("someone else's commit\n")
+        git(other, "add", "NOTES.md")
+        git(other, "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "notes")
+        git(other, "push", "-q", "origin", "HEAD:main")
+        theirs = git(other, "rev-parse", "HEAD").strip()
+        with d.client() as c:
+            with pytest.raises(ClientError) as refused:
+                c.forget(match="pin is 9731", purge=True, force_remote=True)
+        assert refused.value.code == "conflict"
+        assert theirs[:10] in refused.value.message and "not pushing" in refused.value.message
+        assert "forgotten, and history rewritten here" in refused.value.message
+        assert _pushed(bare, theirs)  # the remote kept its head
+        assert_no_trace(d.root, SECRET, files=False)  # the rewrite here is done
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.kill()
