@@ -174,7 +174,7 @@ def rewrite_history(root: Path, spec: PurgeSpec) -> list[tuple[str, str]]:
         raise StoreError(
             "forget --purge needs the git-filter-repo package: pip install git-filter-repo"
         ) from None
-    meta = root / ".git" / "filter-repo"
+    meta = _git_dir(root) / "filter-repo"  # where git-filter-repo writes its commit map
     shutil.rmtree(meta, ignore_errors=True)
     proc = subprocess.run(
         [sys.executable, "-m", "clagd.store.purge"],
@@ -198,6 +198,16 @@ def rewrite_history(root: Path, spec: PurgeSpec) -> list[tuple[str, str]]:
         if done.returncode != 0:
             raise StoreError(f"git {args[0]} after the rewrite failed: {done.stderr.strip()}")
     return changed
+
+
+def _git_dir(root: Path) -> Path:
+    """The repository's git dir (`.git` may be a file: a linked worktree, a submodule, a
+    separate git dir), as git-filter-repo finds it (`git rev-parse --git-dir`)."""
+    out = subprocess.run(
+        ["git", "rev-parse", "--absolute-git-dir"], cwd=root, capture_output=True, text=True
+    )
+    found = out.stdout.strip() if out.returncode == 0 else ""
+    return Path(found) if found else root / ".git"
 
 
 def _commit_map(path: Path) -> list[tuple[str, str]]:
