@@ -149,6 +149,7 @@ class MemoryHit:
     created_at: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     scope: str = DEFAULT_SCOPE
+    archived: bool = False  # found in the archive (`include_archive`)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MemoryHit:
@@ -161,6 +162,7 @@ class MemoryHit:
             created_at=d.get("created_at"),
             metadata=dict(d.get("metadata") or {}),
             scope=str(d.get("scope") or DEFAULT_SCOPE),
+            archived=d.get("archived") is True,
         )
 
 
@@ -185,6 +187,9 @@ class QueryResult:
     context: str
     tokens: int
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    # archived clusters the query hit, on their way back to clusters/ (`thaw_on_hit`)
+    thawing: list[str] = field(default_factory=list)
+    took_ms: float = 0.0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QueryResult:
@@ -195,6 +200,8 @@ class QueryResult:
                 context=str(d.get("context") or ""),
                 tokens=int(d.get("tokens") or 0),
                 raw=dict(d),
+                thawing=[str(c) for c in d.get("thawing") or []],
+                took_ms=float(d.get("took_ms") or 0.0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed query result: {exc!r}") from None
@@ -205,6 +212,8 @@ class QueryResult:
             "clusters": [vars(c).copy() for c in self.clusters],
             "context": self.context,
             "tokens": self.tokens,
+            "thawing": list(self.thawing),
+            "took_ms": self.took_ms,
         }
 
 

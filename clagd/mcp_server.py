@@ -15,7 +15,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -212,9 +212,31 @@ def not_running_message(socket_path: str | os.PathLike[str], store: Path | None)
 
 
 def _tool(server: Any, fn: Callable[..., Any], annotations: ToolAnnotations) -> None:
-    """Register `fn` as a tool whose description is its docstring as clean text."""
+    """Register `fn` as a tool whose description is its docstring as clean text; the
+    server refuses any argument `fn` does not take (`_Server.call_tool`)."""
     description = inspect.cleandoc(fn.__doc__ or "")
     server.tool(description=description, annotations=annotations)(fn)
+    known = getattr(server, "clagd_arguments", None)
+    if isinstance(known, dict):
+        known[fn.__name__] = frozenset(inspect.signature(fn).parameters)
+
+
+# what agents written for mem0 or LangGraph send for "whose memory": `scope` here
+OWNER_ARGUMENTS = frozenset({"user_id", "agent_id", "run_id", "namespace", "user", "agent"})
+
+
+def unknown_arguments(tool: str, given: Iterable[str], known: frozenset[str]) -> str | None:
+    """The error for arguments a tool does not take (None: all known). An unknown one is
+    never ignored: `remember(user_id=...)` ignored would store the memory in another
+    user's scope than the agent meant."""
+    extra = sorted(set(given) - known)
+    if not extra:
+        return None
+    names = ", ".join(f"'{e}'" for e in extra)
+    hint = ""
+    if set(extra) & OWNER_ARGUMENTS and "scope" in known:
+        hint = "; whose memory it is goes in 'scope' (a user, agent or run: a scope name)"
+    return f"{tool}: unknown argument {names} (it takes {', '.join(sorted(known))}){hint}"
 
 
 class _Tools:
@@ -500,6 +522,11 @@ class _Server(_MCPServer):  # type: ignore[misc,valid-type,unused-ignore]
     """The SDK's server, with argument errors said plainly (`argument_errors`)."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *args: Any) -> Any:
+        known = getattr(self, "clagd_arguments", {}).get(name)
+        if known is not None and isinstance(arguments, dict):
+            why = unknown_arguments(name, arguments, known)
+            if why is not None:
+                raise ToolError(why)
         try:
             return await super().call_tool(name, arguments, *args)
         except ToolError as exc:
@@ -542,6 +569,7 @@ def build_server(
         server = _Server("clagd", instructions=INSTRUCTIONS, version=__version__)
     except TypeError:  # pragma: no cover - mcp 1.x
         server = _Server("clagd", instructions=INSTRUCTIONS)
+    server.clagd_arguments = {}  # type: ignore[attr-defined]  # tool -> the arguments it takes
     tools = _Tools(client, Path(store) if store is not None else None, scope)
     tools.register(server)
     tools.register_context(server)

@@ -66,8 +66,9 @@ def test_the_readme_scopes_section_runs_as_written(
     shell_env: dict[str, str], daemon_proc: DaemonProcess
 ) -> None:
     outs = run_blocks(REPO / "README.md", SECTION, shell_env, daemon_proc.root.parent)
-    assert len(outs) == 2
+    assert len(outs) == 3
     assert_forgotten(outs[1])
+    assert_updated(outs[2])
     shown = [line.split("] ", 1)[1] for line in outs[0].splitlines() if line.startswith("[Memory")]
     assert shown == ["I am allergic to peanuts", "I am allergic to shellfish"]
     with Client(daemon_proc.socket) as c:

@@ -393,6 +393,33 @@ def test_argument_errors_name_the_argument_without_library_links(
         assert "'text'" not in message and "max_memories' must" not in message, (what, message)
 
 
+def test_an_unknown_argument_is_refused_never_ignored(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """Issue 24: `remember` took an unknown `user_id` and ignored it, so an agent written
+    for mem0 stored every user's memories in one place. Every tool refuses an argument it
+    does not take, naming it (and, for an owner argument, pointing to `scope`)."""
+
+    async def body(s: ClientSession) -> dict[str, Any]:
+        return {
+            "user_id": await s.call_tool(
+                "remember", {"content": "Ana's PIN is 1", "user_id": "ana"}
+            ),
+            "filters": await s.call_tool("recall", {"query": "PIN", "filters": {"a": 1}}),
+            "namespace": await s.call_tool("list", {"namespace": "ana"}),
+            "recall": await s.call_tool("recall", {"query": "PIN"}),
+        }
+
+    results = run_session(daemon.socket_path, tmp_path / "mcp.err", body)
+    for what in ("user_id", "filters", "namespace"):
+        res = results[what]
+        assert res.is_error and f"unknown argument '{what}'" in text_of(res), text_of(res)
+    assert "goes in 'scope'" in text_of(results["user_id"])
+    assert "goes in 'scope'" not in text_of(results["filters"])
+    assert not results["recall"].is_error
+    assert results["recall"].structured_content["memories"] == []  # nothing was stored
+
+
 def test_a_clusters_resource_and_a_prompt_with_recalls_context(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:

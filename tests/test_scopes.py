@@ -267,3 +267,106 @@ def test_cli_update_and_revert_keep_to_their_scope(daemon: InProcessDaemon) -> N
     own = run(main, [*base, "update", "--scope", "alice", "--json", mid, "Alice: 0151 222"])
     assert own.exit_code == 0, own.output
     assert json.loads(own.output)["supersedes"] == mid
+
+
+def test_archive_per_scope_and_an_archived_cluster_stays_in_its_scope(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """`archive --scope`: only that scope's cold clusters move (one commit naming it); an
+    archived cluster is searched (`include_archive`) and thawed for its own scope only."""
+    from helpers import make_store
+
+    root = make_store(tmp_path / "m", {"archive": {"cold_after_days": 0, "thaw_on_hit": True}})
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        facts = [
+            "tomatoes in the garden need water every morning",
+            "planted basil next to the garden tomatoes",
+            "the garden hose leaks near the tomatoes",
+        ]
+        with d.client() as c:
+            for who in ("alice", "bob"):
+                c.add_many([{"content": f"{who}: {f}"} for f in facts], scope=who)
+            c.recluster()
+            mine = {w: {x.id for x in c.clusters(scope=w).clusters} for w in ("alice", "bob")}
+            assert mine["alice"] and mine["bob"]
+            dry = c.archive(dry_run=True, scope="alice")
+            assert set(dry["clusters"]) == mine["alice"]
+            res = c.archive(scope="alice")
+            assert set(res["clusters"]) == mine["alice"]
+            assert "Clagd-Scopes: alice" in git(root, "log", "-1", "--format=%B")
+            assert {x.id for x in c.clusters(scope="bob").clusters} == mine["bob"]  # still hot
+            assert all(not x.archived for x in c.clusters(scope="bob").clusters)
+            # bob, searching the archive too, sees none of alice's archived memories
+            got = c.query("garden tomatoes water", include_archive=True, scope="bob")
+            assert got.memories and {h.scope for h in got.memories} == {"bob"}
+            assert not got.thawing and not any(h.archived for h in got.memories)
+            cold = c.query("garden tomatoes water", include_archive=True, scope="alice")
+            assert cold.memories and {h.scope for h in cold.memories} == {"alice"}
+            assert all(h.archived for h in cold.memories)
+            assert cold.thawing and set(cold.thawing) <= mine["alice"]
+    finally:
+        d.stop()
+
+
+def test_a_bad_scope_is_refused_on_every_op(daemon: InProcessDaemon) -> None:
+    """Also on the store-wide ops that do not read a scope (status, recluster, round,
+    ping): a typo'd or hostile name is an error there too, never silently ignored."""
+    with daemon.client() as c:
+        head = git(daemon.root, "rev-parse", "HEAD")
+        ops = sorted(daemon.daemon.server.dispatcher.ops)
+        assert {"status", "recluster", "round", "query", "forget", "add"} <= set(ops)
+        for op in ops:
+            for bad in ({"scope": "../alice"}, {"scopes": ["Bob"]}, {"scopes": "bob"}):
+                with pytest.raises(ClientError) as refused:
+                    c.request(op, {"text": "x", "content": "x", "ref": "HEAD", **bad})
+                code = "bad_request" if bad == {"scopes": "bob"} else "bad_scope"
+                assert refused.value.code == code, (op, bad, refused.value)
+        assert c.status()["counts"]["memories"] == 0
+        assert git(daemon.root, "rev-parse", "HEAD") == head
+
+
+def test_cli_also_scope_names_the_scopes_seen_besides(daemon: InProcessDaemon) -> None:
+    """A query sees its scope plus the scopes it names: `--also-scope` on query, get and
+    list (the socket's `scopes`); a scope not named stays unseen, a bad name is refused."""
+    from click.testing import CliRunner
+
+    from clagd.cli import main
+
+    base = ["--socket", str(daemon.socket)]
+    run = CliRunner().invoke
+    with daemon.client() as c:
+        ids = {
+            w: c.add(f"{w} keeps a spare key under the mat", scope=w)["ids"][0]
+            for w in ("team", "alice", "bob")
+        }
+
+    def shown(*args: str) -> set[str]:
+        out = run(main, [*base, *args, "--json"])
+        assert out.exit_code == 0, out.output
+        data = json.loads(out.output)
+        return {m["scope"] for m in data.get("memories", [data] if "id" in data else [])}
+
+    assert shown("query", "--scope", "alice", "spare key") == {"alice"}
+    assert shown("query", "--scope", "alice", "--also-scope", "team", "spare key") == {
+        "alice",
+        "team",
+    }
+    assert shown("list", "--scope", "alice", "--also-scope", "team") == {"alice", "team"}
+    assert shown("get", ids["team"], "--scope", "alice", "--also-scope", "team") == {"team"}
+    missing = run(main, [*base, "get", ids["bob"], "--scope", "alice", "--also-scope", "team"])
+    assert missing.exit_code == 1 and ids["bob"] in missing.output
+    bad = run(main, [*base, "query", "--also-scope", "Team", "spare key"])
+    assert bad.exit_code == 2 and "--also-scope" in bad.output and "'Team'" in bad.output
+
+
+def test_an_owner_parameter_on_the_socket_is_refused_not_ignored(daemon: InProcessDaemon) -> None:
+    """`{"op": "add", "content": ..., "user_id": "bob"}` (mem0's word) stored the memory in
+    the default scope; it is refused, pointing to `scope`, and nothing is stored."""
+    with daemon.client() as c:
+        for key in ("user_id", "agent_id", "run_id", "namespace"):
+            with pytest.raises(ClientError) as refused:
+                c.request("add", {"content": "Bob's PIN is 1", key: "bob"})
+            assert refused.value.code == "bad_request"
+            assert f"'{key}'" in refused.value.message and "'scope'" in refused.value.message
+        assert c.status()["counts"]["memories"] == 0

@@ -4,7 +4,6 @@ server over stdio. Every memory a user is shown must be hers: one cross-scope hi
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -70,15 +69,6 @@ def _drop(root: Path, user: str, name: str, text: str) -> None:
     os.rename(tmp, folder / name)
 
 
-def _forget(c: Client, mid: str, user: str) -> bool:
-    """Forget one memory when `forget` has landed (engineer `forget`); False when not."""
-    fn = getattr(c, "forget", None)
-    if fn is None or "scope" not in inspect.signature(fn).parameters:
-        return False
-    fn([mid], scope=user)
-    return True
-
-
 class Loop:
     """The replay: what each user stored (by id), and every cross-scope hit seen."""
 
@@ -88,6 +78,8 @@ class Loop:
         self.texts: dict[tuple[str, str], str] = {}  # (user, text) -> id
         self.crossed: list[str] = []
         self.asked = 0
+        self.shown = 0  # memories the questions returned, every one checked
+        self.forgotten: set[str] = set()
 
     def step(self, i: int, user: str, kind: str, text: str) -> None:
         getattr(self, kind)(i, user, text)
@@ -108,6 +100,7 @@ class Loop:
     def ask(self, _i: int, user: str, text: str) -> None:
         self.asked += 1
         res = self.c.query(text, max_memories=20, scope=user)
+        self.shown += len(res.memories)
         for h in res.memories:
             if h.scope != user or h.id not in self.owned[user]:
                 self.crossed.append(f"{user} asked {text!r}, got {h.scope}'s {h.content!r}")
@@ -127,8 +120,9 @@ class Loop:
 
     def forget(self, _i: int, user: str, text: str) -> None:
         mid = self.texts[(user, text)]
-        if _forget(self.c, mid, user):
-            self.owned[user].discard(mid)
+        assert self.c.forget([mid], scope=user).forgotten == [mid]
+        self.owned[user].discard(mid)
+        self.forgotten.add(mid)
 
     def _own(self, user: str, text: str, mid: str) -> None:
         self.owned[user].add(mid)
@@ -150,7 +144,11 @@ def test_a_two_user_agent_loop_never_crosses_scopes(running: DaemonProcess) -> N
         loop = Loop(running, c)
         for i, (user, kind, text) in enumerate(LOOP):
             loop.step(i, user, kind, text)
-        assert loop.asked >= 14
+        assert loop.asked >= 14 and loop.shown > 0
+        print(
+            f"two-user loop: {len(LOOP)} steps, {loop.asked} questions, {loop.shown} memories "
+            f"shown, {len(loop.crossed)} cross-scope hits"
+        )
         assert loop.crossed == [], "\n".join(loop.crossed)
         # both users' Berlin memories were separate; Alice's is superseded, Bob's is not
         assert loop.texts[("alice", "I live in Berlin")] != loop.texts[("bob", "I live in Berlin")]
@@ -159,14 +157,12 @@ def test_a_two_user_agent_loop_never_crosses_scopes(running: DaemonProcess) -> N
         alice_home = [h.content for h in c.query("Where do I live?", scope="alice").memories]
         assert "I live in Lisbon now, no longer in Berlin" in alice_home
         assert "I live in Berlin" not in alice_home  # superseded: hers, and left out
-        # every user's memories are where they belong, on disk too
+        # every user's memories are where they belong, on disk too; the forgotten one is gone
         stored = load_state(running.root)
         for m, _area, _key in stored.all_memories():
-            assert (
-                m.id in loop.owned[m.scope]
-                or m.metadata.get("superseded_by")
-                or (m.scope == "alice" and "0151" in m.content)
-            ), m
+            assert m.id in loop.owned[m.scope] or m.metadata.get("superseded_by"), m
+        assert loop.forgotten and not loop.forgotten & {m.id for m, _a, _k in stored.all_memories()}
+        assert "0151" not in " ".join(h.content for h in c.query("phone", scope="alice").memories)
         status = c.status()["counts"]["scopes"]
         assert set(status) == {"alice", "bob"}
 
@@ -256,6 +252,10 @@ def test_a_pinned_mcp_server_cannot_reach_another_scope(running: DaemonProcess) 
         out["history"] = await s.call_tool("memory_history", {"n": 50})
         out["revert_bob"] = await s.call_tool("revert", {"ref": bob_commit})
         out["clusters"] = await s.call_tool("list_clusters", {})
+        out["forget_bob"] = await s.call_tool("forget", {"ids": [bob_id]})
+        out["forget_match"] = await s.call_tool("forget", {"match": "locker code is 1234"})
+        out["forget_scope"] = await s.call_tool("forget", {"match": "locker", "scope": "bob"})
+        out["update_bob"] = await s.call_tool("update", {"memory_id": bob_id, "content": "x"})
         return out
 
     async def main() -> dict[str, Any]:
@@ -281,6 +281,10 @@ def test_a_pinned_mcp_server_cannot_reach_another_scope(running: DaemonProcess) 
     history = out["history"].structured_content["entries"]
     assert bob_commit not in {e["commit"] for e in history}
     assert out["revert_bob"].is_error and "bad_scope" in out["revert_bob"].content[0].text
+    for refused in ("forget_bob", "forget_match", "update_bob"):  # as if it did not exist
+        assert out[refused].is_error and "not_found" in out[refused].content[0].text, refused
+    assert out["forget_scope"].is_error
+    assert "pinned to scope 'alice'" in out["forget_scope"].content[0].text
     with running.client() as c:
         assert c.get(bob_id, scope="bob").content == "Bob's locker code is 1234"
         assert c.query("planted", scope="bob").memories == []

@@ -131,6 +131,28 @@ scope_option = click.option(
     is_eager=False,
     help=SCOPE_HELP,
 )
+
+
+def _also_scopes(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    from clagd.scopes import BadScope, check_scopes
+
+    try:
+        return check_scopes(value)
+    except BadScope as exc:
+        raise click.BadParameter(str(exc), param_hint="--also-scope") from None
+
+
+# `--also-scope NAME` (repeatable) on the reading commands: scopes seen besides --scope
+also_scope_option = click.option(
+    "--also-scope",
+    "also_scopes",
+    metavar="NAME",
+    multiple=True,
+    callback=_also_scopes,
+    help="also read this scope's memories (repeatable); no other scope's is ever shown",
+)
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="print the result as JSON (for scripts)"
 )

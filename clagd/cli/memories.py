@@ -14,6 +14,7 @@ from clagd.cli.base import (
     EXIT_ERROR,
     Ctx,
     Progress,
+    also_scope_option,
     emit,
     json_option,
     main,
@@ -286,6 +287,7 @@ def import_cmd(c: Ctx, paths: tuple[str, ...], batch: int, as_json: bool) -> Non
 @where_option
 @json_option
 @scope_option
+@also_scope_option
 @pass_ctx
 def query(
     c: Ctx,
@@ -296,10 +298,11 @@ def query(
     superseded: bool,
     where: dict[str, Any],
     as_json: bool,
+    also_scopes: tuple[str, ...],
 ) -> None:
     """Relevant memories for TEXT, as a context block (--where: only memories with that
     metadata, the answer filled from them; --superseded: also the memories a newer one
-    replaced)."""
+    replaced; --also-scope: that scope's memories too, besides --scope's)."""
     with c.client() as cl:
         res = cl.query(
             text,
@@ -307,6 +310,7 @@ def query(
             token_budget,
             include_archive,
             where=where or None,
+            scopes=also_scopes,
             superseded=superseded,
         )
     emit(res.raw, as_json, res.context or "(no relevant memories)")

@@ -8,7 +8,15 @@ from typing import Any
 
 import click
 
-from clagd.cli.base import Ctx, emit, json_option, main, pass_ctx, scope_option
+from clagd.cli.base import (
+    Ctx,
+    also_scope_option,
+    emit,
+    json_option,
+    main,
+    pass_ctx,
+    scope_option,
+)
 from clagd.client import MemoryRecord
 from clagd.errors import BadRequest
 from clagd.protocol import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, SINCE_FORMS, parse_where, since_epoch
@@ -52,11 +60,13 @@ def memory_line(m: MemoryRecord) -> str:
 @click.argument("memory_id")
 @json_option
 @scope_option
+@also_scope_option
 @pass_ctx
-def get(c: Ctx, memory_id: str, as_json: bool) -> None:
-    """One memory by its id (as `query --json` and `list` show it)."""
+def get(c: Ctx, memory_id: str, as_json: bool, also_scopes: tuple[str, ...]) -> None:
+    """One memory by its id (as `query --json` and `list` show it), of --scope (and each
+    --also-scope)."""
     with c.client() as cl:
-        m = cl.get(memory_id)
+        m = cl.get(memory_id, scopes=also_scopes)
     meta = ", ".join(f"{k}={v}" for k, v in sorted(m.metadata.items()))
     lines = [
         m.id,
@@ -91,6 +101,7 @@ def get(c: Ctx, memory_id: str, as_json: bool) -> None:
 )
 @json_option
 @scope_option
+@also_scope_option
 @pass_ctx
 def list_cmd(
     c: Ctx,
@@ -100,11 +111,20 @@ def list_cmd(
     include_archive: bool,
     superseded: bool,
     as_json: bool,
+    also_scopes: tuple[str, ...],
 ) -> None:
     """The stored memories, newest first, without a query: all of them, or those --where
-    and --since let through (a memory a newer one supersedes only with --superseded)."""
+    and --since let through (a memory a newer one supersedes only with --superseded), of
+    --scope (and each --also-scope)."""
     with c.client() as cl:
-        res = cl.list_memories(where or None, since, limit, include_archive, superseded=superseded)
+        res = cl.list_memories(
+            where or None,
+            since,
+            limit,
+            include_archive,
+            scopes=also_scopes,
+            superseded=superseded,
+        )
     rows = [memory_line(m) for m in res.memories]
     shown = len(res.memories)
     if shown < res.total:

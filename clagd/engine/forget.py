@@ -12,6 +12,7 @@ access statistics and the file-text cache cleared of the ids) is `Engine._forget
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -220,15 +221,44 @@ def select_forgotten(git: GitStore, req: ForgetRequest) -> list[Memory]:
     return out
 
 
-def redact_rejected(rejected: Path, texts: list[str]) -> list[str]:
-    """Rejected inbox files (and their `.error` notes) that hold one of `texts`: each
-    occurrence replaced by `[forgotten]`, the rest of the file kept (nothing else the
-    person gave is lost). Returns the names of the files changed."""
-    if not texts or not rejected.is_dir():
+def rejected_folders(root: Path) -> list[Path]:
+    """Where rejected inbox files are: `inbox/rejected/`, and `.clagd/rejected/` when the
+    former belonged to another account (`ingest.inbox`)."""
+    return [root / "inbox" / "rejected", root / ".clagd" / "rejected"]
+
+
+def written_forms(texts: list[str]) -> list[str]:
+    """Each text as a rejected file may hold it: as given, YAML single-quoted (`'` doubled)
+    and JSON-escaped (quotes, backslashes, line breaks; non-ASCII as is or `\\uXXXX`)."""
+    out: set[str] = set()
+    for t in texts:
+        if not t.strip():
+            continue
+        out |= {t, t.replace("'", "''"), json.dumps(t)[1:-1]}
+        out.add(json.dumps(t, ensure_ascii=False)[1:-1])
+    return sorted(out, key=len, reverse=True)
+
+
+def redact_rejected(root: Path, texts: list[str]) -> list[str]:
+    """Rejected inbox files (and their `.error` notes) of the store at `root` that hold one
+    of `texts` (`written_forms`): each occurrence replaced by `[forgotten]`, the rest of the
+    file kept (nothing else the person gave is lost). Returns the names of the files
+    changed (relative to the store)."""
+    forms = written_forms(texts)
+    if not forms:
         return []
-    pattern = re.compile(
-        "|".join(re.escape(t) for t in sorted(set(texts), key=len, reverse=True)), re.IGNORECASE
-    )
+    pattern = re.compile("|".join(re.escape(t) for t in forms), re.IGNORECASE)
+    changed = []
+    for folder in rejected_folders(root):
+        if folder.is_dir() and not folder.is_symlink():
+            changed += [
+                name if folder == root / "inbox" / "rejected" else f".clagd/rejected/{name}"
+                for name in _redact_in(folder, pattern)
+            ]
+    return changed
+
+
+def _redact_in(rejected: Path, pattern: re.Pattern[str]) -> list[str]:
     changed = []
     for path in sorted(rejected.iterdir()):
         if not path.is_file() or path.is_symlink():

@@ -77,7 +77,7 @@ class ForgetOps:
         sha = forgetting.commit_forget(ctx, req, mems)
         self.forget_copies(ctx, {m.id for m in mems})
         redacted = forgetting.redact_rejected(
-            self.paths.inbox / "rejected", forgetting.memory_texts(mems, req.match)
+            self.paths.root, forgetting.memory_texts(mems, req.match)
         )
         ids = tuple(m.id for m in mems)
         purged = self._purge(ctx, mems, req) if req.purge else None
@@ -90,7 +90,10 @@ class ForgetOps:
         mems = forgetting.select_forgotten(ctx.git, req)
         purged = self._purge(ctx, mems, req)
         ids = tuple(m.id for m in mems)
-        return Forgotten(ids, None, ctx.git.head(), req.scope, (), purged)
+        redacted = forgetting.redact_rejected(
+            self.paths.root, forgetting.memory_texts(mems, req.match)
+        )
+        return Forgotten(ids, None, ctx.git.head(), req.scope, tuple(redacted), purged)
 
     def _purge(self, ctx: WriteContext, mems: list[Memory], req: ForgetRequest) -> Purged:
         """History rewritten without `mems` (writer thread: every write waits), then the

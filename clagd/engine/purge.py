@@ -114,8 +114,9 @@ def push_rewrite(
     olds = {r.old for r in rewritten} | _before_purges(ctx)
     if theirs and theirs not in olds and theirs != ctx.git.head():
         raise Conflict(
-            f"not pushing the rewrite: {remote} holds {theirs[:10]} on {branch}, a commit "
-            "this store did not have before the purge (someone else pushed there)"
+            f"forgotten, and history rewritten here; not pushing the rewrite: {remote} "
+            f"holds {theirs[:10]} on {branch}, a commit this store did not have before the "
+            "purge (someone else pushed there)"
         )
     lease = f"--force-with-lease={ref}:{theirs}" if theirs else f"--force-with-lease={ref}:"
     try:

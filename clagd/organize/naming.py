@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from clagd.errors import BackendError
@@ -28,6 +28,7 @@ from clagd.organize.plan import (
 )
 from clagd.organize.plan_checks import name_problem
 from clagd.organize.prompts import Messages, clip
+from clagd.scopes import DEFAULT_SCOPE
 from clagd.slm.base import Backend
 from clagd.slm.schema import Schema, array, closed_object, string
 
@@ -126,26 +127,45 @@ def parse_profiles(data: object, keys: Sequence[str], taken: set[str]) -> dict[s
     return out
 
 
+def _scope_of(group: tuple[str, Sequence[Memory]]) -> str:
+    return group[1][0].scope if group[1] else DEFAULT_SCOPE
+
+
+def _batches(
+    groups: Sequence[tuple[str, Sequence[Memory]]], batch: int
+) -> list[Sequence[tuple[str, Sequence[Memory]]]]:
+    """`groups` in calls of at most `batch`, each of one scope's groups only (in their
+    order, scope by scope): a call shows the model one user's memories, so no word of
+    another scope's can reach a name it writes."""
+    by_scope: dict[str, list[tuple[str, Sequence[Memory]]]] = {}
+    for g in groups:
+        by_scope.setdefault(_scope_of(g), []).append(g)
+    size = max(1, batch)
+    return [ones[i : i + size] for ones in by_scope.values() for i in range(0, len(ones), size)]
+
+
 def name_groups(
     backend: Backend,
     groups: Sequence[tuple[str, Sequence[Memory]]],
-    taken: set[str] | None = None,
+    taken: Mapping[str, set[str]] | None = None,
     timeout: float | None = None,
     deadline: float | None = None,
     seed: int = 42,
     batch: int = BATCH,
 ) -> NamingRun:
-    """Profiles for `groups` ((key, memories) each), `batch` groups per call. `taken`:
-    casefolded names other clusters keep (a model's name equal to one is not used).
-    `deadline` (time.monotonic()) stops asking; the groups left keep no model profile."""
+    """Profiles for `groups` ((key, memories) each), `batch` groups of one scope per call.
+    `taken`: per scope, the casefolded names its other clusters keep (a model's name equal
+    to one is not used; names are unique within a scope). `deadline` (time.monotonic())
+    stops asking; the groups left keep no model profile."""
     run = NamingRun()
-    used = set(taken or ())
+    used = {scope: set(names) for scope, names in (taken or {}).items()}
     start = time.monotonic()
-    for i in range(0, len(groups), max(1, batch)):
+    parts = _batches(groups, batch)
+    for i, part in enumerate(parts):
         if deadline is not None and time.monotonic() >= deadline:
-            run.errors.append(f"naming deadline reached; {len(groups) - i} groups not asked")
+            unasked = sum(len(p) for p in parts[i:])
+            run.errors.append(f"naming deadline reached; {unasked} groups not asked")
             break
-        part = groups[i : i + batch]
         keys = [f"G{j}" for j in range(1, len(part) + 1)]
         left = None if deadline is None else max(1.0, deadline - time.monotonic())
         call_timeout = (
@@ -163,7 +183,7 @@ def name_groups(
             continue
         run.prompt_tokens += res.prompt_tokens
         run.completion_tokens += res.completion_tokens
-        got = parse_profiles(res.data, keys, used)
+        got = parse_profiles(res.data, keys, used.setdefault(_scope_of(part[0]), set()))
         for k, (key, _mems) in zip(keys, part):
             if k in got:
                 run.profiles[key] = got[k]

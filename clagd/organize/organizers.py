@@ -38,6 +38,7 @@ from clagd.organize.prompts import (
 from clagd.organize.sample import Check, Snapshot
 from clagd.organize.size_policy import fingerprint
 from clagd.organize.validation import plan_junk
+from clagd.scopes import DEFAULT_SCOPE
 from clagd.slm.base import Backend, ChatResult
 from clagd.slm.none import NoneBackend
 from clagd.slm.schema import Schema, closed_object, one_of
@@ -213,8 +214,20 @@ class NamingOrganizer:
         plan = organize(sample, list(snap.clusters.values()), cfg)
         groups = named_groups(plan, sample, snap.clusters)
         asked = {ref for ref, _m in groups}
-        taken = {c.name.casefold() for cid, c in snap.clusters.items() if cid not in asked}
-        taken |= {pc.name.casefold() for pc in plan.clusters if pc.ref not in asked}
+        # names are unique within a scope: per scope, those the clusters not renamed keep
+        scope_of = {cid: c.scope for cid, c in snap.clusters.items()}
+        by_id = {m.id: m for m in sample}
+        for mid, ref in plan.assign.items():
+            if mid in by_id:
+                scope_of.setdefault(ref, by_id[mid].scope)
+        taken: dict[str, set[str]] = {}
+        for cid, c in snap.clusters.items():
+            if cid not in asked:
+                taken.setdefault(c.scope, set()).add(c.name.casefold())
+        for pc in plan.clusters:
+            if pc.ref not in asked:
+                scope = scope_of.get(pc.ref, DEFAULT_SCOPE)
+                taken.setdefault(scope, set()).add(pc.name.casefold())
         deadline = time.monotonic() + cfg.naming_seconds
         run = name_groups(self.backend, groups, taken, cfg.naming_timeout, deadline, seed)
         meter.calls += run.calls

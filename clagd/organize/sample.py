@@ -95,7 +95,7 @@ def lexical_ok(state: StoreState, mid: str, cid: str, scored: ClusterScores) -> 
     """An assignment is lexically incoherent only when the memory shares no term with its
     cluster (its label and its other members: without it the cluster scores 0 for it) while
     the index's BM25 (`scored`: the hot clusters after the change) scores another cluster
-    above 0 for it, so a query with its words would find that one first. Nothing else: SLM
+    of its scope above 0 for it, so a query with its words would find that one first. Nothing else: SLM
     plans group by use, not words. (The router's `route_min_score` is an absolute BM25
     score for a whole store; over a session's few clusters IDF is small and it is never
     reached, so the ranking decides.)"""
@@ -112,7 +112,8 @@ def lexical_ok(state: StoreState, mid: str, cid: str, scored: ClusterScores) -> 
             mine |= terms(x.content)
     if words & mine:
         return True
-    best_other = max((s for k, s in scored.scores(m.content).items() if k != cid), default=0.0)
+    others = scored.scores(m.content, own.scope)  # a query of its scope sees no other's
+    best_other = max((s for k, s in others.items() if k != cid), default=0.0)
     return best_other <= 0.0
 
 

@@ -124,15 +124,22 @@ class ClusterScores:
 
     def __init__(self, clusters: Mapping[str, Cluster]) -> None:
         self.index = Index.build(clusters, [])
+        self.scope_of = {cid: c.scope for cid, c in clusters.items()}
 
-    def scores(self, text: str) -> dict[str, float]:
-        """Every cluster's score for `text` (a cluster left out scores 0)."""
+    def scores(self, text: str, scope: str | None = None) -> dict[str, float]:
+        """Every cluster's score for `text` (a cluster left out scores 0); with `scope`,
+        of that scope's clusters only (what a query of that scope can find)."""
         n = self.index.n_clusters
-        return {cid: score for cid, _name, score in self.index.cluster_candidates(text, n)}
+        return {
+            cid: score
+            for cid, _name, score in self.index.cluster_candidates(text, n)
+            if scope is None or self.scope_of.get(cid) == scope
+        }
 
     def rank(self, text: str, cid: str) -> int | None:
-        """1-based rank of cluster `cid` for `text` (None: it does not match at all)."""
-        scores = self.scores(text)
+        """1-based rank of cluster `cid` for `text` among the clusters of its scope (a
+        query sees no other's), None when it does not match at all."""
+        scores = self.scores(text, self.scope_of.get(cid))
         mine = scores.get(cid, 0.0)
         if mine <= 0:
             return None

@@ -36,6 +36,8 @@ from clagd.protocol import (
 log = logging.getLogger("clagd.server")
 
 Handler = Callable[[dict[str, Any]], Any]
+# what clients written for mem0 or LangGraph send for "whose memory": refused, never ignored
+OWNER_KEYS = frozenset({"user_id", "agent_id", "run_id", "namespace"})
 
 
 class Dispatcher:
@@ -65,6 +67,16 @@ class Dispatcher:
                     f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}", "unknown_op"
                 )
             params = {k: v for k, v in req.items() if k not in ("id", "op") and v is not None}
+            owner = sorted(OWNER_KEYS & params.keys())
+            if owner:  # ignored, it would put the memory in the default scope
+                raise BadRequest(
+                    f"unknown parameter '{owner[0]}': whose memory it is goes in 'scope' "
+                    "(a scope name: a user, agent or run)"
+                )
+            if "scope" in params or "scopes" in params:
+                # a bad scope name is refused on every op, also on the store-wide ones
+                # (status, recluster, round, ...) that do not read it
+                request_scopes(params)
             return ok_reply(rid, fn(params))
         except GitFailed as exc:  # the store's git failed: logged whole, answered in a line
             log.error("op %r: %s\n%s", req.get("op"), exc, exc.stderr.strip())

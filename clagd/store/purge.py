@@ -27,6 +27,7 @@ from clagd.store.drop import label_words
 from clagd.yamlio import YamlError, dumps, loads
 
 REDACTED = "(forgotten)"
+LINK_KEYS = ("supersedes", "superseded_by")  # a memory's metadata naming another's id
 TIMEOUT = 3600.0
 
 
@@ -62,6 +63,7 @@ def scrub_store_file(data: Any, ids: set[str], contents: list[str] | None = None
     data["memories"] = [
         m for m in data["memories"] if not (isinstance(m, dict) and str(m.get("id")) in ids)
     ]
+    _drop_links(data["memories"], ids)
     if contents and len(data["memories"]) != before and isinstance(data.get("name"), str):
         texts = [str(m.get("content", "")) for m in data["memories"] if isinstance(m, dict)]
         tags = [str(t) for t in data.get("tags") or []]
@@ -77,6 +79,20 @@ def scrub_store_file(data: Any, ids: set[str], contents: list[str] | None = None
         else:
             data.pop("supersedes")
     return True
+
+
+def _drop_links(memories: list[Any], ids: set[str]) -> None:
+    """A link to a forgotten memory names its id (a hash of its text): out of every
+    remaining memory's metadata (`supersedes`, `superseded_by`)."""
+    for m in memories:
+        meta = m.get("metadata") if isinstance(m, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        for key in LINK_KEYS:
+            if str(meta.get(key)) in ids:
+                del meta[key]
+        if not meta:
+            del m["metadata"]
 
 
 def scrub_blob(
@@ -158,7 +174,7 @@ def rewrite_history(root: Path, spec: PurgeSpec) -> list[tuple[str, str]]:
         raise StoreError(
             "forget --purge needs the git-filter-repo package: pip install git-filter-repo"
         ) from None
-    meta = root / ".git" / "filter-repo"
+    meta = _git_dir(root) / "filter-repo"  # where git-filter-repo writes its commit map
     shutil.rmtree(meta, ignore_errors=True)
     proc = subprocess.run(
         [sys.executable, "-m", "clagd.store.purge"],
@@ -182,6 +198,16 @@ def rewrite_history(root: Path, spec: PurgeSpec) -> list[tuple[str, str]]:
         if done.returncode != 0:
             raise StoreError(f"git {args[0]} after the rewrite failed: {done.stderr.strip()}")
     return changed
+
+
+def _git_dir(root: Path) -> Path:
+    """The repository's git dir (`.git` may be a file: a linked worktree, a submodule, a
+    separate git dir), as git-filter-repo finds it (`git rev-parse --git-dir`)."""
+    out = subprocess.run(
+        ["git", "rev-parse", "--absolute-git-dir"], cwd=root, capture_output=True, text=True
+    )
+    found = out.stdout.strip() if out.returncode == 0 else ""
+    return Path(found) if found else root / ".git"
 
 
 def _commit_map(path: Path) -> list[tuple[str, str]]:

@@ -179,6 +179,32 @@ def test_forget_redacts_rejected_inbox_copies(daemon: InProcessDaemon) -> None:
     assert (rejected / "other.yaml").read_text() == "nothing to forget here\n"
 
 
+def test_forget_redacts_rejected_copies_however_the_file_wrote_the_text(
+    daemon: InProcessDaemon,
+) -> None:
+    """A rejected file holds the text as its format wrote it (YAML single quotes double
+    the apostrophe, JSON escapes non-ASCII and quotes), and `.clagd/rejected/` holds the
+    files when inbox/rejected/ was another account's: all are redacted, forgotten by id."""
+    text = 'Zo\u00eb\'s "door" PIN is 4321'
+    rejected = daemon.root / "inbox" / "rejected"
+    private = daemon.root / ".clagd" / "rejected"
+    for folder in (rejected, private):
+        folder.mkdir(parents=True, exist_ok=True)
+    yaml_form = text.replace("'", "''")
+    (rejected / "a.yaml").write_text(f"- content: '{yaml_form}'\n- [unclosed\n")
+    (rejected / "b.json").write_text(json.dumps([{"content": text}, {"oops": 1}]))
+    (private / "c.json").write_text(
+        json.dumps({"content": text, "created_at": 5}, ensure_ascii=False)
+    )
+    with daemon.client() as c:
+        mid = c.add(text)["ids"][0]
+        res = c.forget([mid])
+    assert sorted(res["rejected_redacted"]) == [".clagd/rejected/c.json", "a.yaml", "b.json"]
+    for path in (rejected / "a.yaml", rejected / "b.json", private / "c.json"):
+        body = path.read_text()
+        assert "4321" not in body and "[forgotten]" in body, (path, body)
+
+
 def test_query_processes_forget_too(daemon_proc: DaemonProcess) -> None:
     """A query process keeps its own copy of the index: it must drop the memory too."""
     d = daemon_proc.start()
@@ -205,3 +231,49 @@ def test_forget_works_in_one_scope(daemon: InProcessDaemon) -> None:
     assert code == 0 and "forgot 1 memory" in out, out
     code, out = _cli(daemon, "forget", "--scope", "Bob!", "--match", "PIN")
     assert code != 0 and "invalid scope 'Bob!'" in out, out
+
+
+def test_forget_reaches_an_archived_memory(tmp_path: Path, short_tmp: Path) -> None:
+    """A memory in archive/ is forgotten like any other: out of its archived cluster's
+    file, the archive's index (include_archive, get) and what a thaw would bring back."""
+    from helpers import make_store
+
+    # no thaw: the query that finds the PIN would bring its cluster back to clusters/
+    root = make_store(tmp_path / "m", {"archive": {"cold_after_days": 0, "thaw_on_hit": False}})
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            c.add_many(
+                [
+                    {"content": PIN},
+                    {"content": "The user's PIN reminder is the cat's birthday"},
+                    {"content": "The user changes the PIN every spring"},
+                ]
+            )
+            c.recluster()
+            archived = c.archive()
+            assert archived["clusters"]
+            hit = c.call("query", text="PIN 4321", include_archive=True)
+            pin = next(m["id"] for m in hit["memories"] if "4321" in m["content"])
+            assert hit["memories"][0]["archived"] is True
+            c.forget([pin])
+            again = c.call("query", text="PIN 4321", include_archive=True, max_memories=20)
+            assert again["memories"] and all("4321" not in m["content"] for m in again["memories"])
+            with pytest.raises(ClientError) as gone:
+                c.get(pin)
+            assert gone.value.code == "not_found"
+            assert git(root, "show", "--name-only", "--format=", "HEAD").split() == [
+                f"archive/{archived['clusters'][0]}.yaml"
+            ]
+            # reverting the archive brings its cluster back to clusters/, without the PIN
+            c.revert(archived["commit"])
+            assert sorted(head_contents(root)) == [
+                "The user changes the PIN every spring",
+                "The user's PIN reminder is the cat's birthday",
+            ]
+            assert not (root / "archive" / f"{archived['clusters'][0]}.yaml").exists()
+            assert all("4321" not in m.content for m in c.query("PIN 4321").memories)
+        assert PIN not in head_contents(root)
+        assert "4321" not in "".join(p.read_text() for p in (root / "archive").glob("*.yaml"))
+    finally:
+        d.stop()

@@ -209,3 +209,131 @@ def test_a_memory_forgotten_before_is_purged_later(tmp_path: Path, short_tmp: Pa
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.kill()
+
+
+def test_a_purge_asks_on_a_terminal_and_writes_wait_for_it(
+    tmp_path: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal `forget --purge` asks first (no: nothing happens; yes: purged), and an
+    add sent while history is rewritten waits for it, then commits on the rewritten branch."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from helpers import InProcessDaemon
+
+    import clagd.cli.forgetting as forgetting
+    import clagd.engine.purge as engine_purge
+
+    d = InProcessDaemon(make_store(tmp_path / "memory"), short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            c.add(PIN)
+            c.add("The user likes green tea")
+        tty = SimpleNamespace(stdin=SimpleNamespace(isatty=lambda: True))
+        monkeypatch.setattr(forgetting, "sys", tty)
+        base = ["--store", str(d.root), "--socket", str(d.socket), "forget"]
+        no = CliRunner().invoke(main, [*base, "--match", "pin is 9731", "--purge"], input="n\n")
+        assert no.exit_code == 1 and "Rewrite history?" in no.output, no.output
+        assert SECRET in git(d.root, "log", "-p", "--all")
+        with d.client() as c:
+            assert SECRET in c.query("PIN").context  # not even forgotten
+
+        started, times = threading.Event(), {}
+        real = engine_purge.rewrite_history
+
+        def slow_rewrite(*args: object) -> object:
+            started.set()
+            time.sleep(1.0)
+            out = real(*args)  # type: ignore[arg-type]
+            times["purged"] = time.monotonic()
+            return out
+
+        monkeypatch.setattr(engine_purge, "rewrite_history", slow_rewrite)
+        answer: dict[str, object] = {}
+
+        def purge() -> None:
+            res = CliRunner().invoke(
+                main, [*base, "--match", "pin is 9731", "--purge"], input="y\n"
+            )
+            answer["res"] = res
+
+        t = threading.Thread(target=purge)
+        t.start()
+        assert started.wait(30)
+        with d.client() as c:
+            added = c.add("The user's dog is called Rex")
+        times["added"] = time.monotonic()
+        t.join(60)
+        res = answer["res"]
+        assert res.exit_code == 0 and "commit(s) rewritten" in res.output, res.output  # type: ignore[attr-defined]
+        assert times["purged"] < times["added"]  # the add waited for the rewrite
+        assert git(d.root, "rev-parse", "HEAD").strip() == added["commit"]
+        assert_no_trace(d.root, SECRET, files=False)
+        assert sorted(head_contents(d.root)) == [
+            "The user likes green tea",
+            "The user's dog is called Rex",
+        ]
+    finally:
+        d.stop()
+
+
+def test_a_purge_leaves_no_link_naming_the_forgotten_id(tmp_path: Path, short_tmp: Path) -> None:
+    """A memory id is a hash of its text: a short one (a PIN) can be found again from it.
+    The newer memory that superseded the forgotten one named its id in its metadata, in
+    every commit since; after a purge no blob of history holds that id."""
+    d = DaemonProcess(make_store(tmp_path / "memory"), short_tmp / "s.sock").start()
+    try:
+        with d.client() as c:
+            old = c.add(PIN)["ids"][0]
+            new = c.add("The user's PIN is 5555")
+            assert new["supersedes"] == {new["ids"][0]: old}
+            c.recluster()
+            res = c.forget(ids=[old], purge=True)
+            assert res["forgotten"] == [old] and res["purge"]["rewritten"]
+            assert "5555" in c.query("PIN").context
+        objects = subprocess.run(
+            ["git", "-C", str(d.root), "cat-file", "--batch-all-objects", "--batch"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        assert old.encode() not in objects, "a blob or message still names the forgotten id"
+        assert_no_trace(d.root, SECRET, files=False)
+        assert d.terminate() == 0
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.kill()
+
+
+def test_force_remote_never_overwrites_a_commit_the_store_never_had(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """The lease: when replication.remote holds a commit someone else pushed (not one this
+    store had before the purge), --force-remote refuses to push over it, saying so; the
+    history here is rewritten all the same, and the remote keeps exactly what it had."""
+    bare = _bare(tmp_path / "remote.git")
+    cfg = {"replication": {"remote": str(bare), "retry_seconds": 1}}
+    d = DaemonProcess(make_store(tmp_path / "memory", cfg), short_tmp / "s.sock").start()
+    try:
+        with d.client() as c:
+            c.add(PIN)
+            c.add("The user likes green tea")
+        wait_for(lambda: _pushed(bare, git(d.root, "rev-parse", "HEAD").strip()), 30, "push")
+        other = tmp_path / "other"
+        subprocess.run(["git", "clone", "-q", str(bare), str(other)], check=True)
+        (other / "NOTES.md").write_text("someone else's commit\n")
+        git(other, "add", "NOTES.md")
+        git(other, "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "notes")
+        git(other, "push", "-q", "origin", "HEAD:main")
+        theirs = git(other, "rev-parse", "HEAD").strip()
+        with d.client() as c:
+            with pytest.raises(ClientError) as refused:
+                c.forget(match="pin is 9731", purge=True, force_remote=True)
+        assert refused.value.code == "conflict"
+        assert theirs[:10] in refused.value.message and "not pushing" in refused.value.message
+        assert "forgotten, and history rewritten here" in refused.value.message
+        assert _pushed(bare, theirs)  # the remote kept its head
+        assert_no_trace(d.root, SECRET, files=False)  # the rewrite here is done
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.kill()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -207,3 +208,57 @@ def test_forgetting_the_newer_memory_makes_the_older_current_again(
     files = _stored(daemon.root)
     assert new not in files and "superseded_by" not in files[old].get("metadata", {})
     assert_same_as_files(daemon.engine)
+
+
+@pytest.mark.parametrize("how", ["update", "update, clustered", "ingest"])
+def test_reverting_an_update_makes_the_old_memory_current_again(
+    daemon: InProcessDaemon, how: str
+) -> None:
+    """An update (by `update`, or found at ingest) is a commit like any other: its revert
+    takes the new memory out and the old one is current again (no superseded_by left), in
+    queries and in its file."""
+    with daemon.client() as c:
+        old = c.add(PHONE_OLD)["ids"][0]
+        c.add("The user likes hiking in the Alps on weekends")
+        clustered = how == "update, clustered"
+        if clustered:
+            c.recluster()
+        if how == "ingest":
+            added = c.add(PHONE_NEW)
+            assert added["supersedes"] == {added["ids"][0]: old}
+            res = SimpleNamespace(id=added["ids"][0], commit=added["commit"])
+        else:
+            res = c.update(old, PHONE_NEW)
+        if clustered:
+            c.recluster()  # the new memory filed since
+        undone = c.revert(res.commit)
+        assert undone["commits"], undone
+        assert _ids(c, "Alice phone number")[:1] == [old]
+        assert res.id not in _ids(c, "Alice phone number", superseded=True)
+        assert c.get(old).metadata.get("superseded_by") is None
+        with pytest.raises(ClientError) as again:
+            c.revert(res.commit)
+        assert again.value.code == "already_reverted"
+    files = _stored(daemon.root)
+    assert res.id not in files and "superseded_by" not in files[old].get("metadata", {})
+    assert_same_as_files(daemon.engine)
+
+
+def test_auto_supersede_never_crosses_scopes(auto: InProcessDaemon) -> None:
+    """A restatement in another scope supersedes nothing of this one: Bob storing "Alice's
+    phone number is 0151 222" in his scope leaves Alice's own memory current in hers (an
+    adversary cannot hide another user's fact by restating it)."""
+    with auto.client() as c:
+        alice = c.add(PHONE_OLD, scope="alice")["ids"][0]
+        res = c.add(PHONE_NEW, scope="bob")
+        assert res["supersedes"] == {}
+        assert _ids_in(c, "alice") == [alice]
+        again = c.add(PHONE_NEW, scope="alice")  # in her own scope it does
+        assert again["supersedes"] == {again["ids"][0]: alice}
+        assert _ids_in(c, "bob") == res["ids"]
+    files = _stored(auto.root)
+    assert "superseded_by" not in files[res["ids"][0]].get("metadata", {})
+
+
+def _ids_in(c: Client, scope: str) -> list[str]:
+    return [m.id for m in c.query("Alice phone number", max_memories=10, scope=scope).memories]

@@ -342,3 +342,42 @@ def test_an_inbox_burst_is_routed_once_the_inbox_is_empty_not_a_quiet_after_its_
         assert time.monotonic() - at[0] < 1.0  # not 1.5 s after the commit
     finally:
         d.stop()
+
+
+def test_the_route_pass_routes_each_memory_into_a_cluster_of_its_own_scope(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: clusters never mix scopes, the route pass included. Bob has a sailing
+    cluster too; a large batch of Bob's sailing memories goes into his cluster only, and
+    Alice's (who has no cluster of hers) stay unsorted, however well the default scope's
+    and Bob's clusters match them."""
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    bobs = [
+        Memory.new(f"bob {t}", f"2024-01-02T10:{i:02d}:00Z", scope="bob")
+        for i, t in enumerate(SAILING)
+    ]
+    write_cluster(Paths(root), Cluster("c-0000b0b0", "Sailing trips", memories=bobs, scope="bob"))
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "bob's sailing cluster")
+    eng = Engine(root)
+    try:
+        for who in ("alice", "bob"):
+            res = eng.ingest([Item(t, None, {}, scope=who) for t in NEW_SAILING], source="test")
+            assert res.deferred and res.unsorted == len(NEW_SAILING)
+        out = eng.maybe_route(force=True)
+        assert out is not None and out.routed == len(NEW_SAILING) and out.clusters == 1
+        bob = yaml.safe_load((root / "clusters" / "c-0000b0b0.yaml").read_text())
+        assert {m["content"] for m in bob["memories"]} == {m.content for m in bobs} | set(
+            NEW_SAILING
+        )
+        assert {m.get("scope") for m in bob["memories"]} == {"bob"}
+        plain = yaml.safe_load((root / "clusters" / "c-0000aaaa.yaml").read_text())
+        assert {m["content"] for m in plain["memories"]} == set(SAILING)  # nothing of theirs
+        for cl in eng.state.clusters.values():
+            assert {m.scope for m in cl.memories} <= {cl.scope}, cl.name
+        loose = [m for shard in eng.state.unsorted.values() for m in shard]
+        assert sorted(m.content for m in loose) == sorted(NEW_SAILING)
+        assert {m.scope for m in loose} == {"alice"}
+        assert_same_as_files(eng)
+    finally:
+        eng.close()

@@ -183,3 +183,36 @@ def test_the_naming_deadline_stops_asking(eng: Engine, fake: FakeOllama) -> None
     assert any("deadline" in r for r in out.reasons)
     named = [c for c in eng.state.clusters.values() if c.name.startswith("model named")]
     assert len(named) == BATCH and out.named == BATCH  # the first batch, in time
+
+
+def test_a_naming_call_shows_one_scopes_memories(store: Path, fake: FakeOllama) -> None:
+    """Issue 24: clusters never mix scopes, their names included. The naming calls are
+    batched per scope, so no call shows the model two users' memories: a name it writes
+    for Alice's cluster cannot carry a word of Bob's."""
+    e = Engine(store)
+    try:
+        e.config.backend.kind = "ollama"
+        e.config.backend.ollama.host = fake.url
+        e.config.backend.ollama.timeout = 5.0
+        for who in ("alice", "bob"):
+            e.add(
+                [
+                    {"content": f"{who}: {t}", "created_at": f"2025-03-{d + 1:02d}T10:0{j}:00Z"}
+                    for d, pair in enumerate(TOPICS[:3])
+                    for j, t in enumerate(pair)
+                ],
+                scope=who,
+            )
+        fake.default = profiles
+        out = run(e, verdict(name=True))
+        assert out.status == "accepted", out.reasons
+        asked = [r["messages"][-1]["content"] for r in fake.chats]
+        assert len(asked) == 2  # 3 clusters each, one call per scope (BATCH 4)
+        for text in asked:
+            owners = {w for w in ("alice", "bob") if f"- {w}:" in text}
+            assert len(owners) == 1, text
+        for c in e.state.clusters.values():
+            assert {m.scope for m in c.memories} == {c.scope}
+            assert c.name.startswith("model named"), c.name
+    finally:
+        e.close()

@@ -233,3 +233,101 @@ def test_size_policy_split_merge_dedupe() -> None:
     assert all(len(cl.memories) <= 8 for cl in state.clusters.values())
     assert len(state.clusters) == 3  # mixed split in two, hiking + alps merged
     assert "size policy" in plan.reason
+
+
+def test_a_model_plan_that_would_mix_scopes_is_refused() -> None:
+    """Issue 24: clusters never mix scopes, whatever a model plans. Bob's memory into
+    Alice's cluster, one new cluster for both, merging Bob's cluster into Alice's, and a
+    conflict or dedupe pairing their memories are each refused, naming the reason; the
+    same plan within one scope (a cluster of Bob's named like Alice's) is accepted."""
+    a1 = Memory.new("Alice's allergy is peanuts", "2025-01-01T10:00:00Z", scope="alice")
+    a2 = Memory.new("Alice's sister is Anna", "2025-01-02T10:00:00Z", scope="alice")
+    b1 = Memory.new("Bob's allergy is shellfish", "2025-01-03T10:00:00Z", scope="bob")
+    b2 = Memory.new("Bob's sister is Eva", "2025-01-04T10:00:00Z", scope="bob")
+
+    def state() -> StoreState:
+        s = StoreState()
+        s.clusters["c-aaaaaaaa"] = Cluster(
+            "c-aaaaaaaa", "food allergies noted", memories=[a1], scope="alice"
+        )
+        s.clusters["c-bbbbbbbb"] = Cluster(
+            "c-bbbbbbbb", "food allergies noted", memories=[b1], scope="bob"
+        )
+        s.unsorted["u-1"] = [a2, b2]
+        return s
+
+    sample = [a2.id, b2.id]
+    fine = Plan(  # the same name twice, once in each scope: two clusters, fine
+        clusters=[
+            PlanCluster("new:1", "family members known"),
+            PlanCluster("new:2", "family members known"),
+        ],
+        assign={a2.id: "new:1", b2.id: "new:2"},
+    )
+    assert validate_plan(fine, sample, state()) == []
+    bad: list[tuple[Plan, str]] = [
+        (
+            Plan(assign={a2.id: "c-aaaaaaaa", b2.id: "c-aaaaaaaa"}),
+            "cluster c-aaaaaaaa would mix scopes alice, bob",
+        ),
+        (
+            Plan(
+                clusters=[PlanCluster("new:1", "family members known")],
+                assign={a2.id: "new:1", b2.id: "new:1"},
+            ),
+            "cluster new:1 would mix scopes alice, bob",
+        ),
+        (
+            Plan(
+                clusters=[
+                    PlanCluster("c-aaaaaaaa", "food allergies noted", merge_from=["c-bbbbbbbb"])
+                ],
+                assign={a2.id: "c-aaaaaaaa", b2.id: "c-aaaaaaaa"},
+            ),
+            "would mix scopes alice, bob",
+        ),
+        (
+            Plan(
+                clusters=[PlanCluster("new:1", "family members known"), fine.clusters[1]],
+                assign={a2.id: "new:1", b2.id: "new:2"},
+                conflicts=[(b2.id, a2.id)],
+            ),
+            f"conflict pairs memories of two scopes ({b2.id}, {a2.id})",
+        ),
+    ]
+    for plan, why in bad:
+        problems = validate_plan(plan, sample, state())
+        assert any(why in p for p in problems), (why, problems)
+
+
+def test_session_checks_rank_a_memory_among_its_own_scopes_clusters() -> None:
+    """The session's lexical checks (retrievability, `lexical_ok`) ask what a query of the
+    memory's scope would find: another scope's cluster, however well it matches, neither
+    outranks the memory's cluster nor makes its assignment look incoherent."""
+    from clagd.organize.sample import lexical_ok
+    from clagd.organize.similarity import ClusterScores
+
+    a = Memory.new("sourdough starter feeding schedule", "2025-01-01T10:00:00Z", scope="alice")
+    a2 = Memory.new("kneading technique for rye loaves", "2025-01-02T10:00:00Z", scope="alice")
+    bobs = [
+        Memory.new(f"sourdough starter feeding schedule, week {i}", scope="bob") for i in range(5)
+    ]
+    state = StoreState()
+    state.clusters["c-aaaaaaaa"] = Cluster(
+        "c-aaaaaaaa", "bread baking notes", memories=[a, a2], scope="alice"
+    )
+    state.clusters["c-bbbbbbbb"] = Cluster(
+        "c-bbbbbbbb", "sourdough starter feeding", memories=bobs, scope="bob"
+    )
+    scored = ClusterScores(state.clusters)
+    assert scored.scores(a.content)["c-bbbbbbbb"] > scored.scores(a.content)["c-aaaaaaaa"]
+    assert scored.rank(a.content, "c-aaaaaaaa") == 1  # Bob's is not Alice's to find
+    assert set(scored.scores(a.content, "alice")) == {"c-aaaaaaaa"}
+    # a memory sharing no word with its cluster, which only another scope's would match
+    lone = Memory.new("sourdough starter feeding", scope="alice")
+    state.clusters["c-cccccccc"] = Cluster(
+        "c-cccccccc", "garden tools list", memories=[lone], scope="alice"
+    )
+    assert lexical_ok(state, lone.id, "c-cccccccc", ClusterScores(state.clusters)) is False
+    del state.clusters["c-aaaaaaaa"]
+    assert lexical_ok(state, lone.id, "c-cccccccc", ClusterScores(state.clusters)) is True

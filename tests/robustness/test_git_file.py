@@ -53,3 +53,35 @@ def test_a_store_whose_git_is_a_file_starts(tmp_path: Path, short_tmp: Path, mak
         assert git(store, "status", "--porcelain", "--", "clusters", "unsorted") == ""
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("make", [_worktree, _separate], ids=["worktree", "separate-gitdir"])
+def test_a_purge_there_reports_the_commits_it_rewrote(
+    tmp_path: Path, short_tmp: Path, make
+) -> None:
+    """`forget --purge` rewrote history there but reported no commit changed (it read
+    git-filter-repo's commit map from `<store>/.git/`, a file): the report, and the commit
+    map a later `--force-remote` leases on, come from the git dir git names."""
+    import subprocess
+
+    store, gitdir = make(tmp_path)
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    try:
+        with d.client() as c:
+            c.add("The PIN is 8765-SECRET")
+            c.add("The user likes green tea")
+            res = c.forget(match="8765-secret", purge=True)
+        rewritten = res["purge"]["rewritten"]
+        assert len(rewritten) >= 2, rewritten  # the PIN's ingest and every commit after it
+        heads = git(store, "rev-list", "--all").split()
+        assert {r["new"] for r in rewritten} <= set(heads)
+        assert not {r["old"] for r in rewritten} & set(heads)
+        objects = subprocess.run(
+            ["git", "-C", str(store), "cat-file", "--batch-all-objects", "--batch"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        assert b"8765-SECRET" not in objects
+        assert not (gitdir / "filter-repo").exists()  # its map read and removed
+    finally:
+        d.stop()

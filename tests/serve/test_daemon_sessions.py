@@ -14,6 +14,7 @@ from competent import pass_gate
 from fake_ollama import (
     FakeOllama,
     assigned_twice,
+    default_answer,
     delay,
     dropped_memory,
     duplicate_names,
@@ -139,3 +140,80 @@ def test_bad_answers_roll_back_and_are_visible(
     if kind == "judged_wrong":  # a plan was committed, judged wrong, and reverted: both in history
         assert subjects.count("revert: ") >= 1
     assert git(slm_daemon.root, "fsck", "--no-progress").strip() == ""
+
+
+def test_a_model_session_plans_per_scope_and_its_conflicts_still_supersede(
+    tmp_path: Path, short_tmp: Path, fake: FakeOllama
+) -> None:
+    """Issue 24: with a model the gate allows, each plan request holds one scope's memories
+    only, no cluster mixes scopes, and a plan's `conflicts` (the model-driven supersede)
+    still link the newer memory over the older, which then ranks below it."""
+    import re
+
+    from fake_ollama import is_plan_request
+
+    from clagd.store.files import load_state
+
+    root = make_store(
+        tmp_path / "m",
+        {
+            "backend": {"kind": "ollama", "ollama": {"host": fake.url, "timeout": 5.0}},
+            "session": {"validate_fraction": 1.0},
+            "ingest": {"auto_supersede": False},  # only the model links them here
+        },
+    )
+    d = InProcessDaemon(root, short_tmp / "s.sock")
+    try:
+        pass_gate(fake, d.daemon.backends.recheck(), d.daemon.config, root)
+        gate_calls = len(fake.chats)
+        alice = [
+            "Alice lives in Berlin with her cat",
+            "Alice's cat is called Miso",
+            "Alice moved away from Berlin to Lisbon this spring",
+        ]
+        bob = ["Bob lives in Berlin near the zoo", "Bob's dog is called Rex"]
+
+        def plan(req: dict) -> dict:
+            ans = default_answer(req)
+            lines = dict(re.findall(r"^(M\d+): (.*)$", req["messages"][-1]["content"], re.M))
+            old = [a for a, t in lines.items() if t.startswith("Alice lives in Berlin")]
+            new = [a for a, t in lines.items() if t.startswith("Alice moved away")]
+            if old and new:  # a link is kept between memories of one cluster
+                ans["content"]["assign"][new[0]] = ans["content"]["assign"][old[0]]
+                ans["content"]["conflicts"] = [{"newer": new[0], "older": old[0]}]
+            return ans
+
+        fake.default = plan
+        with d.client() as c:
+            c.add_many(
+                [
+                    {"content": t, "created_at": f"2025-0{i + 1}-01T10:00:00Z"}
+                    for i, t in enumerate(alice)
+                ],
+                scope="alice",
+            )
+            c.add_many([{"content": t} for t in bob], scope="bob")
+            out = c.recluster()
+            assert out["status"] == "accepted" and out["backend"] == "ollama", out
+            plans = [r for r in fake.chats[gate_calls:] if is_plan_request(r)]
+            assert plans, "the session asked the model for a plan"
+            for r in plans:  # a plan request shows one scope's memories
+                shown = re.findall(r"^M\d+: (.*)$", r["messages"][-1]["content"], re.M)
+                owners = {
+                    ("alice" if any(s.startswith(t) for t in alice) else "bob") for s in shown
+                }
+                assert len(owners) == 1, shown
+            state = load_state(root)
+            for cl in state.clusters.values():
+                assert {m.scope for m in cl.memories} == {cl.scope}, cl.name
+            links = {k: v for cl in state.clusters.values() for k, v in cl.supersedes.items()}
+            ids = {m.content: m.id for m, _a, _k in state.all_memories()}
+            assert links == {ids[alice[2]]: ids[alice[0]]}
+            got = [
+                h.content for h in c.query("Where does Alice live, Berlin?", scope="alice").memories
+            ]
+            assert alice[2] in got and got.index(alice[2]) < got.index(alice[0]), got
+            bobs = [h.content for h in c.query("Who lives in Berlin?", scope="bob").memories]
+            assert bobs and all(b in bob for b in bobs)
+    finally:
+        d.stop()
