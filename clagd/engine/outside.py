@@ -50,7 +50,9 @@ class OutsideEdits:
         ctx.check_no_staged()  # staged changes are the person's (or a failed git's): no edit
         self._reidentify_committed_edits(ctx)
         # only memory files: an editor's swap file or a backup is never read or committed
-        dirty = [p for p in ctx.git.dirty_paths(DATA_DIRS) if is_data_path(p)]
+        listed, staged = ctx.git.dirty_and_staged(DATA_DIRS)
+        ctx.refuse_staged(staged)  # staged since the check above: still the person's
+        dirty = [p for p in listed if is_data_path(p)]
         moved = head != known_head
         if not moved and not dirty:
             # back in step with HEAD (e.g. a broken edit was undone): nothing to report

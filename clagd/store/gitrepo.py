@@ -146,14 +146,21 @@ class GitStore(Commits):
         return [p for p in out.split("\0") if p]
 
     def dirty_paths(self, dirs: Iterable[str]) -> list[str]:
+        return self.dirty_and_staged(dirs)[0]
+
+    def dirty_and_staged(self, dirs: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Paths under `dirs` that differ from HEAD (working tree or index), and those of
+        them whose index entry differs (staged), from one `git status`."""
         out = self.run(
             "status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all", "--", *dirs
         )
-        paths = []
+        paths, staged = [], []
         for entry in out.split("\0"):
             if len(entry) > 3:
                 paths.append(entry[3:])
-        return paths
+                if entry[0] not in " ?":
+                    staged.append(entry[3:])
+        return paths, staged
 
     # -- reverts and history ---------------------------------------------------------------
     def revert(self, sha: str, subject: str, trailers: dict[str, Any]) -> str:

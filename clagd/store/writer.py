@@ -110,14 +110,19 @@ class WriteContext:
         `add` as a session, an archive, a route pass or a revert: none is made on top."""
         if self._staged_checked:
             return
-        staged = [p for p in self.git.staged_paths(DATA_DIRS) if is_data_path(p)]
+        self.refuse_staged(self.git.staged_paths(DATA_DIRS))
+        self._staged_checked = True
+
+    @staticmethod
+    def refuse_staged(paths: list[str]) -> None:
+        """Raise Paused naming the first of `paths` that is a memory file, if any."""
+        staged = [p for p in paths if is_data_path(p)]
         if staged:
             raise Paused(
                 f"changes are staged in the memory folders ({staged[0]}"
                 f"{f' and {len(staged) - 1} more' if len(staged) > 1 else ''}): commit them, "
                 "or git reset --hard to drop them (writes resume by themselves)"
             )
-        self._staged_checked = True
 
     @property
     def touched(self) -> bool:

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import DaemonProcess, InProcessDaemon, git, head_contents
+from helpers import DaemonProcess, InProcessDaemon, git, head_contents, wait_for
 
 from clagd.client import ClientError
 from clagd.store.files import load_state
@@ -109,6 +109,11 @@ def test_every_git_command_the_daemon_runs_ignores_replacements(
     assert not bad, bad[:10]
 
 
+def _idle(st: dict) -> bool:
+    act = st.get("activity") or {}
+    return not (st["route_pending"] or act.get("session_queued") or act.get("session_running"))
+
+
 @pytest.mark.parametrize("op", ["recluster", "archive", "revert"])
 def test_staged_changes_pause_sessions_archive_and_reverts(
     daemon: InProcessDaemon, op: str
@@ -118,10 +123,23 @@ def test_staged_changes_pause_sessions_archive_and_reverts(
     root = daemon.root
     with daemon.client() as c:
         _add_24(c)
+        # the daemon's own organizing of the 24 (a triggered session, a route pass) is over
+        # before the person stages: an edit staged while an operation commits is a race of
+        # its own, not what this test is about (on a loaded machine the session came late)
+        wait_for(lambda: _idle(c.status()), 30, "the session and route pass after the adds")
         head = git(root, "rev-parse", "HEAD").strip()
-        shard = sorted((root / "unsorted").glob("*.yaml"))[0]
-        shard.write_text(shard.read_text() + "# edited by hand\n")
-        git(root, "add", str(shard.relative_to(root)))
+        shard = sorted([*(root / "unsorted").glob("*.yaml"), *(root / "clusters").glob("*.yaml")])[
+            0
+        ]
+        # staged first, then written: a daemon that saw the file change before a `git add`
+        # took it in as an outside edit (a commit of its own, correctly), and nothing stayed
+        # staged; this way the index holds the person's change before the file shows it
+        edited = root.parent / "edited.yaml"  # outside the store: no event until the rename
+        edited.write_text(shard.read_text() + "# edited by hand\n")
+        blob = git(root, "hash-object", "-w", str(edited)).strip()
+        rel = str(shard.relative_to(root))
+        git(root, "update-index", "--cacheinfo", f"100644,{blob},{rel}")
+        os.replace(edited, shard)
         with pytest.raises(ClientError) as err:
             if op == "recluster":
                 c.recluster()
