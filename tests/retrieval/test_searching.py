@@ -106,6 +106,75 @@ def test_the_newer_of_two_statements_of_one_fact_ranks_first():
     assert hits[other.id] == base[other.id]  # another statement: not moved
 
 
+def _newer_first_pairwise(
+    ix: Index, cand: np.ndarray, score: np.ndarray, s: np.ndarray, limit: int
+) -> np.ndarray:
+    """The pairwise reference of `searching.newer_first` (its first form): each best hit
+    against every found memory in turn, the shared terms as Python sets."""
+    delta = ix.cfg.recency_tie
+    nz = np.flatnonzero(score)
+    if len(nz) < 2:
+        return score
+    best = nz[np.argsort(-score[nz], kind="stable")[:limit]]
+    ts, own, slots = ix.memories.ts[cand[nz]], s[cand[nz]], cand[nz]
+    lifted = np.zeros(len(nz), dtype=np.float32)
+
+    def terms(slot: int) -> set[int]:
+        for seg in ix.memories.segs:
+            if seg.start <= slot < seg.stop:
+                j = slot - seg.start
+                return set(seg.ftid[int(seg.fptr[j]) : int(seg.fptr[j + 1])].tolist())
+        return set()
+
+    for slot, sa, sc in zip(cand[best].tolist(), s[cand[best]].tolist(), score[best].tolist()):
+        near = (ts > ix.memories.ts[slot]) & (np.abs(own - sa) <= delta * np.maximum(own, sa))
+        mine = terms(slot)
+        for i in np.flatnonzero(near).tolist():
+            theirs = terms(int(slots[i]))
+            if len(mine & theirs) >= searching.SAME_STATEMENT * min(len(mine), len(theirs)):
+                lifted[i] = max(lifted[i], np.float32(sc) * np.float32(1.0001))
+    if not lifted.any():
+        return score
+    out = score.copy()
+    out[nz] = np.maximum(out[nz], lifted)
+    return out
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_newer_first_equals_the_pairwise_reference(monkeypatch, table):
+    """Every call of a search's `newer_first` gives exactly the pairwise reference's scores:
+    restatements (one word changed, later, in later segments), dead slots, several
+    `recency_tie` values and limits, both ways of finding the shared terms."""
+    if not table:
+        monkeypatch.setattr(searching, "TABLE_CELLS", 0)
+    real, moved = searching.newer_first, []
+
+    def check(ix, cand, score, s, limit):
+        want = _newer_first_pairwise(ix, cand, score, s, limit)
+        got = real(ix, cand, score, s, limit)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+        moved.append(not np.array_equal(got, score))
+        return got
+
+    monkeypatch.setattr(searching, "newer_first", check)
+    clusters, unsorted, vocab, rng = random_store(11, n_clusters=8, per=9, n_unsorted=20)
+    queries = [" ".join(rng.choices(vocab, k=rng.randint(1, 4))) for _ in range(40)]
+    for tie in (0.2, 0.5, 1.0):
+        ix = Index.build(clusters, unsorted, RetrievalConfig(recency_tie=tie))
+        for batch in range(3):  # each a segment of its own
+            olds = rng.sample([m for c in clusters.values() for m in c.memories], 12)
+            again = [
+                mem(o.content.replace(rng.choice(o.content.split()), rng.choice(vocab)), 100 + i)
+                for i, o in enumerate(olds)
+            ]
+            ix = ix.apply(IndexChange(add_unsorted=again, remove_unsorted=[unsorted[batch].id]))
+        assert len(ix.memories.segs) > 1 and ix.memories.n_alive < len(ix.memories.alive)
+        for q in queries:
+            for k in (1, 5, 12):
+                ix.search(q, max_memories=k, token_budget=0)
+    assert any(moved) and not all(moved)
+
+
 def test_archive_results_are_merged_on_request():
     hot = Index.build({HIKING.id: HIKING}, [])
     cold_cluster = cluster("c-000000cc", "Old Garden Notes", ["Planted tulip bulbs in autumn"])
