@@ -50,6 +50,9 @@ def eve() -> Iterator[pwd.struct_passwd]:
         subprocess.run(["userdel", EVE], capture_output=True)
 
 
+HIDDEN = (Path("/tmp"), Path("/run"))  # the namespace mounts an empty tmpfs on each
+
+
 def _namespace_command() -> list[str]:
     """A private mount namespace with an empty /tmp and a /run holding only root's runtime
     directory; skip where the machine does not allow one."""
@@ -58,6 +61,9 @@ def _namespace_command() -> list[str]:
         '&& mkdir -m 0755 /run/user && mkdir -m 0700 /run/user/0 && exec "$@"'
     )
     probe = ["unshare", "-m", "--propagation", "private", "sh", "-c", setup, "sh", "true"]
+    for what, path in (("the interpreter", Path(sys.executable)), ("the scenario", SCENARIO)):
+        if any(path.is_relative_to(d) or path.resolve().is_relative_to(d) for d in HIDDEN):
+            pytest.skip(f"{what} is under {path.parts[1]}/, which the namespace empties: {path}")
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not installed: no private mount namespace")
     done = subprocess.run(probe, capture_output=True, text=True)
