@@ -6,9 +6,10 @@ listed here; the pass runs when the inbox has been quiet for `ingest.route_delay
 or at the latest ROUTE_MAX_WAIT after the first waiting batch, so a steady stream of files
 still gets its memories into their clusters. One pass runs at a time.
 
-The pass's scoring is done ahead: right after a large batch is committed, the writer scores
-its shard (`Engine._score_op`) while the pass waits for its quiet, and the answers are kept
-here with the index's `route_key`. The pass uses the answers whose key is still the served
+The pass's scoring is done ahead: right after a large batch is committed, its shard is
+scored on the index that commit published, by a thread of its own, off the writer
+(`Engine._score`), while the pass waits for its quiet, and the answers are kept here with
+that index's `route_key`. The pass uses the answers whose key is still the served
 index's (no cluster changed since: they are the answers it would compute) and scores only
 the rest.
 """

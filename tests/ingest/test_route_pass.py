@@ -251,7 +251,7 @@ def _route_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_the_pass_uses_the_scores_made_while_it_waited(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A deferred batch is scored by the writer right after its commit; the pass, when no
+    """A deferred batch is scored off the writer right after its commit; the pass, when no
     cluster changed meanwhile, moves the memories by those answers without scoring again."""
     root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
     eng = Engine(root)
@@ -259,7 +259,7 @@ def test_the_pass_uses_the_scores_made_while_it_waited(
         calls = _route_calls(monkeypatch)
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
         assert res.deferred and res.shard
-        eng.writer.call(lambda _ctx: None)  # the writer ran what was queued behind the batch
+        eng.wait_scored(10)  # the batch scored off the writer, on the index it published
         assert calls == [6]  # the shard, scored ahead
         kept = eng.routes.scores([res.shard], eng.index.route_key)
         assert kept == dict(
@@ -276,6 +276,43 @@ def test_the_pass_uses_the_scores_made_while_it_waited(
         eng.close()
 
 
+def test_the_scoring_ahead_never_holds_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deferred batch's scoring runs off the writer (issue 26: ~1 ms a memory at 11k
+    clusters, an operation of its own before): an `add` goes through while it runs, and the
+    answers it keeps are those of the index the batch's commit published."""
+    import threading
+
+    from clagd.retrieval.index import Index
+
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        started, release = threading.Event(), threading.Event()
+        real = Index.route_many
+
+        def slow(self: Index, memories: list[Memory]) -> list[str | None]:
+            if len(memories) == 6:  # the batch's scoring, not the add's inline routing
+                started.set()
+                assert release.wait(10)
+            return real(self, memories)
+
+        monkeypatch.setattr(Index, "route_many", slow)
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        published = eng.index
+        assert res.deferred and res.shard and started.wait(10)
+        assert eng.add([{"content": "an add while the batch is scored"}]).added
+        release.set()
+        eng.wait_scored(10)
+        monkeypatch.setattr(Index, "route_many", real)
+        kept = eng.routes.scores([res.shard], published.route_key)
+        assert kept == dict(zip(res.added, published.route_many(eng.state.unsorted[res.shard])))
+    finally:
+        release.set()
+        eng.close()
+
+
 def test_scores_made_before_a_cluster_changed_are_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,7 +322,7 @@ def test_scores_made_before_a_cluster_changed_are_not_used(
     eng = Engine(root)
     try:
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
-        eng.writer.call(lambda _ctx: None)
+        eng.wait_scored(10)
         key = eng.index.route_key
         assert len(eng.routes.scores([res.shard or ""], key)) == 6
         small = eng.ingest(
