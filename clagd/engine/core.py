@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ from clagd.engine.results import (
     Status,
     Thawed,
 )
-from clagd.engine.routing import KeptRoutes, RouteQueue
+from clagd.engine.routing import KeptRoutes, RouteQueue, Scorer
 from clagd.engine.stats import STATS_FILE, AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
@@ -111,9 +111,7 @@ class Engine(ForgetOps):
         self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
         self.routes = RouteQueue(self.config.ingest.route_delay_seconds)
-        # route answers for deferred batches, made off the writer (`_score`)
-        self._scorer: ThreadPoolExecutor | None = None
-        self._scoring: Future | None = None
+        self.scorer = Scorer(self.routes, self.hooks.on_thread_start)  # off the writer
         self.outside = OutsideEdits(self.root)
         self.new_since_session = 0
         self.rounds_since_session = 0
@@ -199,8 +197,7 @@ class Engine(ForgetOps):
 
     def close(self) -> None:
         self.writer.closing = True  # a session in progress stops at its next step
-        if self._scorer is not None:
-            self._scorer.shutdown(wait=False, cancel_futures=True)
+        self.scorer.close()
         if self.writer.alive():
             try:
                 if not self.writer.read_only:  # a follower never routes (nor commits)
@@ -361,24 +358,8 @@ class Engine(ForgetOps):
             # scored now, while the pass waits for the inbox to be quiet: on the index just
             # published, off the writer (it reads a snapshot, as a query does)
             mems = list(ctx.state.unsorted.get(res.shard, ()))
-            self._score_soon(res.shard, mems, self.index)
+            self.scorer.soon(res.shard, mems, self.index)
         return res
-
-    def _score_soon(self, shard: str, mems: list[Memory], index: Index) -> None:
-        if self._scorer is None:
-            self._scorer = ThreadPoolExecutor(
-                1, thread_name_prefix="clagd-route-score", initializer=self.hooks.on_thread_start
-            )
-        try:
-            self._scoring = self._scorer.submit(self._score, shard, mems, index)
-        except RuntimeError:  # closing: the pass scores them itself
-            pass
-
-    def wait_scored(self, timeout: float | None = None) -> None:
-        """Until the route answers asked for so far are made (tests, benchmarks)."""
-        fut = self._scoring
-        if fut is not None:
-            fut.exception(timeout)
 
     def _find_superseded(self, fresh: list[Memory]) -> dict[str, Memory]:
         return supersede.find(self.index, fresh)
@@ -425,20 +406,6 @@ class Engine(ForgetOps):
         elif fut.result().more and not self.writer.closing:
             # the next slice, behind the writes queued meanwhile
             self.maybe_route(force=True, wait=False)
-
-    def _score(self, shard: str, mems: list[Memory], index: Index) -> None:
-        """The route answers for a waiting shard's memories on `index`, kept for the pass
-        (which uses them only while no cluster changed since `index`: its `route_key`).
-        Off the writer: `route_many` only reads the snapshot (~1 ms a memory at 11k
-        clusters, which held the writer as an operation of its own)."""
-        if not mems or not self.routes.is_waiting(shard):
-            return
-        try:
-            targets = index.route_many(mems)
-        except Exception as exc:  # noqa: BLE001 - the pass scores them itself
-            log.warning("scoring a waiting batch failed (the pass scores it): %s", exc)
-            return
-        self.routes.keep_scores(shard, index.route_key, dict(zip((m.id for m in mems), targets)))
 
     def _route_op(self, ctx: WriteContext) -> RouteResult:
         # as for ingest: take in a hand edit first, routing rewrites cluster files

@@ -259,7 +259,7 @@ def test_the_pass_uses_the_scores_made_while_it_waited(
         calls = _route_calls(monkeypatch)
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
         assert res.deferred and res.shard
-        eng.wait_scored(10)  # the batch scored off the writer, on the index it published
+        eng.scorer.wait(10)  # the batch scored off the writer, on the index it published
         assert calls == [6]  # the shard, scored ahead
         kept = eng.routes.scores([res.shard], eng.index.route_key)
         assert kept == dict(
@@ -304,7 +304,7 @@ def test_the_scoring_ahead_never_holds_the_writer(
         assert res.deferred and res.shard and started.wait(10)
         assert eng.add([{"content": "an add while the batch is scored"}]).added
         release.set()
-        eng.wait_scored(10)
+        eng.scorer.wait(10)
         monkeypatch.setattr(Index, "route_many", real)
         kept = eng.routes.scores([res.shard], published.route_key)
         assert kept == dict(zip(res.added, published.route_many(eng.state.unsorted[res.shard])))
@@ -322,7 +322,7 @@ def test_scores_made_before_a_cluster_changed_are_not_used(
     eng = Engine(root)
     try:
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
-        eng.wait_scored(10)
+        eng.scorer.wait(10)
         key = eng.index.route_key
         assert len(eng.routes.scores([res.shard or ""], key)) == 6
         small = eng.ingest(
