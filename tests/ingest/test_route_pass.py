@@ -379,3 +379,31 @@ def test_an_inbox_burst_is_routed_once_the_inbox_is_empty_not_a_quiet_after_its_
         assert time.monotonic() - at[0] < 1.0  # not 1.5 s after the commit
     finally:
         d.stop()
+
+
+def test_a_route_pass_pauses_on_staged_changes_as_add_does(tmp_path: Path) -> None:
+    """Issue 26: a person's change staged in the memory folders pauses the route pass as it
+    pauses `add` (code `paused`, naming the file); nothing is committed on top, and once the
+    person resets, the pass routes what waited."""
+    from clagd.errors import Paused
+
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        assert res.deferred and res.shard
+        head = git(root, "rev-parse", "HEAD").strip()
+        cluster = root / "clusters" / "c-0000bbb0.yaml"
+        cluster.write_text(cluster.read_text() + "# edited by hand\n")
+        git(root, "add", str(cluster.relative_to(root)))
+        with pytest.raises(Paused) as err:
+            eng.maybe_route(force=True)
+        assert "staged" in str(err.value) and cluster.name in str(err.value)
+        assert git(root, "rev-parse", "HEAD").strip() == head
+        assert len(eng.routes) == 1  # still waiting
+        git(root, "reset", "-q", "--hard")
+        out = eng.maybe_route(force=True)
+        assert out is not None and out.routed == 4 and out.commit
+        assert_same_as_files(eng)
+    finally:
+        eng.close()
