@@ -49,7 +49,7 @@ from clagd.engine.results import (
     Status,
     Thawed,
 )
-from clagd.engine.routing import KeptRoutes, RouteQueue
+from clagd.engine.routing import KeptRoutes, RouteQueue, Scorer
 from clagd.engine.stats import STATS_FILE, AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
@@ -114,6 +114,7 @@ class Engine(ForgetOps):
         self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
         self.routes = RouteQueue(self.config.ingest.route_delay_seconds)
+        self.scorer = Scorer(self.routes, self.hooks.on_thread_start)  # off the writer
         self.outside = OutsideEdits(self.root)
         self.new_since_session = 0
         self.rounds_since_session = 0
@@ -199,6 +200,7 @@ class Engine(ForgetOps):
 
     def close(self) -> None:
         self.writer.closing = True  # a session in progress stops at its next step
+        self.scorer.close()
         if self.writer.alive():
             try:
                 if not self.writer.read_only:  # a follower never routes (nor commits)
@@ -356,8 +358,10 @@ class Engine(ForgetOps):
         if self.routes and self.hooks.on_route_waiting is not None:
             self.hooks.on_route_waiting(self.routes.quiet_seconds)
         if res.deferred and res.shard:
-            # scored now, while the pass waits for the inbox to be quiet
-            self.writer.submit(self._score_op, res.shard)
+            # scored now, while the pass waits for the inbox to be quiet: on the index just
+            # published, off the writer (it reads a snapshot, as a query does)
+            mems = list(ctx.state.unsorted.get(res.shard, ()))
+            self.scorer.soon(res.shard, mems, self.index)
         return res
 
     def _find_superseded(self, fresh: list[Memory]) -> dict[str, Memory]:
@@ -405,16 +409,6 @@ class Engine(ForgetOps):
         elif fut.result().more and not self.writer.closing:
             # the next slice, behind the writes queued meanwhile
             self.maybe_route(force=True, wait=False)
-
-    def _score_op(self, ctx: WriteContext, shard: str) -> None:
-        """The route answers for a waiting shard's memories, kept for the pass (which uses
-        them only if no cluster changed meanwhile). Writes nothing."""
-        mems = ctx.state.unsorted.get(shard)
-        if not mems or not self.routes.is_waiting(shard):
-            return
-        index = self.index
-        targets = index.route_many(mems)
-        self.routes.keep_scores(shard, index.route_key, dict(zip((m.id for m in mems), targets)))
 
     def _route_op(self, ctx: WriteContext) -> RouteResult:
         # as for ingest: take in a hand edit first, routing rewrites cluster files

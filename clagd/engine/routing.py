@@ -6,21 +6,29 @@ listed here; the pass runs when the inbox has been quiet for `ingest.route_delay
 or at the latest ROUTE_MAX_WAIT after the first waiting batch, so a steady stream of files
 still gets its memories into their clusters. One pass runs at a time.
 
-The pass's scoring is done ahead: right after a large batch is committed, the writer scores
-its shard (`Engine._score_op`) while the pass waits for its quiet, and the answers are kept
-here with the index's `route_key`. The pass uses the answers whose key is still the served
+The pass's scoring is done ahead: right after a large batch is committed, its shard is
+scored on the index that commit published, by a thread of its own, off the writer
+(`Scorer`), while the pass waits for its quiet, and the answers are kept here with
+that index's `route_key`. The pass uses the answers whose key is still the served
 index's (no cluster changed since: they are the answers it would compute) and scores only
 the rest.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from clagd.model import Memory
+
+if TYPE_CHECKING:
+    from clagd.retrieval.index import Index
+
+log = logging.getLogger(__name__)
 
 # a route pass waits for the inbox to be quiet, but not longer than this after the first
 # deferred batch
@@ -143,3 +151,48 @@ class KeptRoutes:
         self.made.update(self.known)
         self.made.update(fresh)
         return [self.known[m.id] if m.id in self.known else fresh[m.id] for m in mems]
+
+
+class Scorer:
+    """Scores a waiting shard's memories for the route pass, on a thread of its own, off
+    the writer: `route_many` only reads an index snapshot, as a query does (a pass over
+    every cluster slot: ~1 ms a memory at 11k clusters, which held the writer as an
+    operation of its own). The answers are kept under that snapshot's `route_key`."""
+
+    def __init__(self, routes: RouteQueue, on_thread_start: Callable[[], None] | None) -> None:
+        self.routes = routes
+        self._on_start = on_thread_start
+        self._pool: ThreadPoolExecutor | None = None
+        self._last: Future | None = None
+
+    def soon(self, shard: str, mems: list[Memory], index: Index) -> None:
+        """Score `mems` (the shard's memories) on `index` (the snapshot the batch's commit
+        published)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix="clagd-route-score", initializer=self._on_start
+            )
+        try:
+            self._last = self._pool.submit(self._score, shard, mems, index)
+        except RuntimeError:  # closing: the pass scores them itself
+            pass
+
+    def _score(self, shard: str, mems: list[Memory], index: Index) -> None:
+        if not mems or not self.routes.is_waiting(shard):
+            return
+        try:
+            targets = index.route_many(mems)
+        except Exception as exc:  # noqa: BLE001 - the pass scores them itself
+            log.warning("scoring a waiting batch failed (the pass scores it): %s", exc)
+            return
+        self.routes.keep_scores(shard, index.route_key, dict(zip((m.id for m in mems), targets)))
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the scoring asked for so far is done (tests, benchmarks)."""
+        fut = self._last
+        if fut is not None:
+            fut.exception(timeout)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -4,12 +4,18 @@
 holds the base commit's tree with those paths as the index has them (nothing else the
 person staged), `write-tree` and `commit-tree` make the commit, and `Refs.update_branch`
 moves the branch by compare-and-swap.
+
+The scratch index is kept between commits: after `write-tree` it holds exactly the tree it
+wrote, so when the next commit's base has that tree (the daemon's own last commit, the
+usual case) it is used as it is, without a `read-tree` of the whole base (a pass over
+every file of the store: `clusters/` is one flat folder of a file per cluster).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from clagd.errors import GitFailed, HeadMoved, StoreError
@@ -21,10 +27,28 @@ from clagd.store.gitstate import UNSYNCED, mark_unsynced
 # in .git/: the index a commit's tree is built in (the user's index is never committed whole)
 BUILD_INDEX = "clagd-build-index"
 ZERO = "0" * 40
+TREES_KEPT = 64  # the trees of the latest commits made or looked up (commits never change)
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    """Which file is at `path` now (git replaces an index file whole: a new inode)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class Commits(Refs):
     """Staging and committing the daemon's own paths (see the module's docstring)."""
+
+    def __init__(self, root: Path, branch: str = "") -> None:
+        super().__init__(root, branch)
+        # the tree the scratch index holds, and the file it is in (`_stat_key`), when kept
+        self._scratch: tuple[str, tuple[int, int, int] | None] | None = None
+        # the staged entries of the last `build_tree`'s paths: {path: blob, None: absent}
+        self._built_entries: dict[str, str | None] | None = None
+        self._trees: dict[str, str] = {}  # commit -> its tree, the latest TREES_KEPT
 
     def commit(
         self,
@@ -70,6 +94,7 @@ class Commits(Refs):
             # syncfs (or sync) flushed every object written since the mark, a failed add's too
             (self.gitdir / UNSYNCED).unlink(missing_ok=True)
         parent = self.base
+        self._built_entries = None
         tree = self.build_tree(parent, paths)
         if expected:
             try:
@@ -82,12 +107,17 @@ class Commits(Refs):
         return self.commit_tree(tree, parent, format_message(subject, body, trailers))
 
     def _check_tree(self, tree: str, expected: dict[str, str | None]) -> None:
-        out = self.run("ls-tree", "-r", "-z", tree, "--", *sorted(expected))
-        found = {}
-        for entry in out.split("\0"):
-            meta, _, path = entry.partition("\t")
-            if path:
-                found[path] = meta.split()[2]
+        built = self._built_entries
+        if built is not None and set(expected) <= set(built):
+            # the tree holds these paths exactly as `build_tree` put them there
+            found = {p: b for p, b in built.items() if b is not None}
+        else:
+            out = self.run("ls-tree", "-r", "-z", tree, "--", *sorted(expected))
+            found = {}
+            for entry in out.split("\0"):
+                meta, _, path = entry.partition("\t")
+                if path:
+                    found[path] = meta.split()[2]
         for path, blob in expected.items():
             if found.get(path) != blob:
                 raise HeadMoved(
@@ -114,27 +144,47 @@ class Commits(Refs):
                 )
 
     def _tree_of(self, commit: str) -> str:
-        return self.run("rev-parse", f"{commit}^{{tree}}").strip()
+        trees = self._trees
+        tree = trees.get(commit)
+        if tree is None:
+            tree = self.run("rev-parse", f"{commit}^{{tree}}").strip()
+            self._remember_tree(commit, tree)
+        return tree
+
+    def _remember_tree(self, commit: str, tree: str) -> None:
+        trees = self._trees
+        if len(trees) >= TREES_KEPT:
+            del trees[next(iter(trees))]
+        trees[commit] = tree
 
     def build_tree(self, parent: str | None, paths: list[str]) -> str:
-        """`parent`'s tree with `paths` as the index holds them (absent there: removed)."""
+        """`parent`'s tree with `paths` as the index holds them (absent there: removed).
+        The scratch index is read from `parent` only when it does not hold its tree already
+        (see the module's docstring)."""
         build = self.gitdir / BUILD_INDEX
-        build.unlink(missing_ok=True)
         env = {"GIT_INDEX_FILE": str(build)}
+        kept, self._scratch = self._scratch, None
         try:
-            if parent is not None:
-                self.run("read-tree", parent, env=env)
-            else:
-                self.run("read-tree", "--empty", env=env)
+            want = self._tree_of(parent) if parent is not None else None
+            if kept is None or want is None or kept != (want, _stat_key(build)):
+                build.unlink(missing_ok=True)
+                if parent is not None:
+                    self.run("read-tree", parent, env=env)
+                else:
+                    self.run("read-tree", "--empty", env=env)
+            built: dict[str, str | None] = {}
             if paths:
                 staged = self.run("ls-files", "-s", "-z", "--", *paths)
                 entries = [e for e in staged.split("\0") if e]
+                for e in entries:
+                    meta, _, path = e.partition("\t")
+                    mode, blob, stage = meta.split()
+                    # an unmerged path (stages 1-3) is never "as expected"
+                    built[path] = blob if stage == "0" and path not in built else "unmerged"
                 present = {e.split("\t", 1)[1] for e in entries}
-                entries += [
-                    f"0 {ZERO}\t{p}"
-                    for p in paths
-                    if p not in present and not (self.root / p).is_dir()
-                ]
+                gone = [p for p in paths if p not in present and not (self.root / p).is_dir()]
+                entries += [f"0 {ZERO}\t{p}" for p in gone]
+                built.update(dict.fromkeys(gone))
                 self.run(
                     "update-index",
                     "-z",
@@ -142,9 +192,13 @@ class Commits(Refs):
                     env=env,
                     istream=Stdin("\0".join(entries) + "\0"),
                 )
-            return self.run("write-tree", env=env).strip()
-        finally:
+            tree = self.run("write-tree", env=env).strip()
+        except BaseException:
             build.unlink(missing_ok=True)
+            raise
+        self._scratch = (tree, _stat_key(build))
+        self._built_entries = built
+        return tree
 
     def _stage(self, paths: list[str], fsync: bool) -> None:
         """`git add -A` of exactly these paths (a deleted file is staged as deleted). A file
@@ -178,5 +232,6 @@ class Commits(Refs):
         self.check_not_paused()
         args = ["commit-tree", tree] + (["-p", parent] if parent else [])
         new = self.run(*args, istream=Stdin(msg)).strip()
+        self._remember_tree(new, tree)
         self.update_branch(new, parent, msg.splitlines()[0])
         return new

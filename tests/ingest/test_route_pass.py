@@ -251,7 +251,7 @@ def _route_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_the_pass_uses_the_scores_made_while_it_waited(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A deferred batch is scored by the writer right after its commit; the pass, when no
+    """A deferred batch is scored off the writer right after its commit; the pass, when no
     cluster changed meanwhile, moves the memories by those answers without scoring again."""
     root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
     eng = Engine(root)
@@ -259,7 +259,7 @@ def test_the_pass_uses_the_scores_made_while_it_waited(
         calls = _route_calls(monkeypatch)
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
         assert res.deferred and res.shard
-        eng.writer.call(lambda _ctx: None)  # the writer ran what was queued behind the batch
+        eng.scorer.wait(10)  # the batch scored off the writer, on the index it published
         assert calls == [6]  # the shard, scored ahead
         kept = eng.routes.scores([res.shard], eng.index.route_key)
         assert kept == dict(
@@ -276,6 +276,43 @@ def test_the_pass_uses_the_scores_made_while_it_waited(
         eng.close()
 
 
+def test_the_scoring_ahead_never_holds_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deferred batch's scoring runs off the writer (issue 26: ~1 ms a memory at 11k
+    clusters, an operation of its own before): an `add` goes through while it runs, and the
+    answers it keeps are those of the index the batch's commit published."""
+    import threading
+
+    from clagd.retrieval.index import Index
+
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        started, release = threading.Event(), threading.Event()
+        real = Index.route_many
+
+        def slow(self: Index, memories: list[Memory]) -> list[str | None]:
+            if len(memories) == 6:  # the batch's scoring, not the add's inline routing
+                started.set()
+                assert release.wait(10)
+            return real(self, memories)
+
+        monkeypatch.setattr(Index, "route_many", slow)
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        published = eng.index
+        assert res.deferred and res.shard and started.wait(10)
+        assert eng.add([{"content": "an add while the batch is scored"}]).added
+        release.set()
+        eng.scorer.wait(10)
+        monkeypatch.setattr(Index, "route_many", real)
+        kept = eng.routes.scores([res.shard], published.route_key)
+        assert kept == dict(zip(res.added, published.route_many(eng.state.unsorted[res.shard])))
+    finally:
+        release.set()
+        eng.close()
+
+
 def test_scores_made_before_a_cluster_changed_are_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,7 +322,7 @@ def test_scores_made_before_a_cluster_changed_are_not_used(
     eng = Engine(root)
     try:
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
-        eng.writer.call(lambda _ctx: None)
+        eng.scorer.wait(10)
         key = eng.index.route_key
         assert len(eng.routes.scores([res.shard or ""], key)) == 6
         small = eng.ingest(
@@ -378,6 +415,33 @@ def test_the_route_pass_routes_each_memory_into_a_cluster_of_its_own_scope(
         loose = [m for shard in eng.state.unsorted.values() for m in shard]
         assert sorted(m.content for m in loose) == sorted(NEW_SAILING)
         assert {m.scope for m in loose} == {"alice"}
+    finally:
+        eng.close()
+
+
+def test_a_route_pass_pauses_on_staged_changes_as_add_does(tmp_path: Path) -> None:
+    """Issue 26: a person's change staged in the memory folders pauses the route pass as it
+    pauses `add` (code `paused`, naming the file); nothing is committed on top, and once the
+    person resets, the pass routes what waited."""
+    from clagd.errors import Paused
+
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        assert res.deferred and res.shard
+        head = git(root, "rev-parse", "HEAD").strip()
+        cluster = root / "clusters" / "c-0000bbb0.yaml"
+        cluster.write_text(cluster.read_text() + "# edited by hand\n")
+        git(root, "add", str(cluster.relative_to(root)))
+        with pytest.raises(Paused) as err:
+            eng.maybe_route(force=True)
+        assert "staged" in str(err.value) and cluster.name in str(err.value)
+        assert git(root, "rev-parse", "HEAD").strip() == head
+        assert len(eng.routes) == 1  # still waiting
+        git(root, "reset", "-q", "--hard")
+        out = eng.maybe_route(force=True)
+        assert out is not None and out.routed == 4 and out.commit
         assert_same_as_files(eng)
     finally:
         eng.close()

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from helpers import REALISTIC
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,10 +24,14 @@ def _harness():
 
 
 def test_a_person_at_the_keyboard_loses_nothing_acknowledged(short_tmp: Path) -> None:
-    report = _harness().run(rounds=1, kills=2, seed=5, workdir=short_tmp / "p", verbose=False)
+    # from a realistic store (issue 26): its memories must stay in HEAD once each too
+    report = _harness().run(
+        rounds=1, kills=2, seed=5, workdir=short_tmp / "p", verbose=False, realistic=REALISTIC
+    )
     print({k: v for k, v in report.items() if k != "problems"})
     assert sum(report["person_steps"].values()) == 14 and report["kills"] == 2
     assert report["acked_after_last_rewrite"] > 0 and report["lost"] == 0
     assert report["acked_gone_unreported"] == 0
+    assert report["realistic_memories"] == REALISTIC  # each in HEAD once, or a problem below
     # the daemon serves HEAD after quiescence (a fresh load and a restart serve the same)
     assert report["problems"] == []

@@ -122,3 +122,18 @@ def test_a_remote_that_git_would_read_as_an_option_is_refused(tmp_path: Path, re
 def test_remote_names_urls_and_paths_are_accepted(tmp_path: Path, remote: str) -> None:
     store = make_store(tmp_path / "memory", {"replication": {"remote": remote}})
     assert load_config(store).replication.remote == remote
+
+
+def test_the_remote_reaches_git_push_after_the_double_dash(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even a remote that passed the check (or a config read without it) is never read by
+    git as an option: `git push` gets it after `--`."""
+    from clagd.store.gitrepo import GitStore
+
+    argv: list[tuple[str, ...]] = []
+    monkeypatch.setattr(GitStore, "run", lambda self, *args, **kw: argv.append(args) or "")
+    GitStore(store).push("-oProxyCommand=x", "main")
+    (args,) = argv
+    assert args[0] == "push" and "--" in args
+    assert args[args.index("--") + 1 :] == ("-oProxyCommand=x", "HEAD:refs/heads/main")

@@ -82,19 +82,29 @@ def test_a_symlinked_cluster_file_is_never_read_nor_committed(
     _starts_serve_head(root, short_tmp / "s2.sock")
 
 
-@pytest.mark.parametrize("kind", ["fifo", "socket", "hardlink"])
+@pytest.mark.parametrize("kind", ["fifo", "socket", "hardlink", "device"])
 def test_special_files_in_the_memory_folders_are_listed_never_read(
     store: Path, tmp_path: Path, short_tmp: Path, kind: str
 ) -> None:
     root = store
     daemon = InProcessDaemon(store, short_tmp / "s.sock")
     path = _one_cluster(daemon)
-    name = "u-20260101T000000-aaaaaaaaaaaa.yaml" if kind != "hardlink" else path.name
-    where = root / ("unsorted" if kind != "hardlink" else "clusters") / name
+    name = {"hardlink": path.name, "device": "c-00000000dead.yaml"}.get(
+        kind, "u-20260101T000000-aaaaaaaaaaaa.yaml"
+    )
+    folder = {"hardlink": "clusters", "device": "archive"}.get(kind, "unsorted")
+    where = root / folder / name
     if kind == "fifo":
         os.mkfifo(where)
     elif kind == "socket":
         os.mknod(where, 0o600 | stat.S_IFSOCK)  # a socket's inode (a bound path is too long)
+    elif kind == "device":
+        where.parent.mkdir(exist_ok=True)
+        try:  # /dev/null's numbers: a read would give nothing, a write would vanish
+            os.mknod(where, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            daemon.stop()
+            pytest.skip("making a device node needs CAP_MKNOD")
     else:
         os.link(where, tmp_path / "other-name.yaml")
     try:
@@ -122,11 +132,16 @@ def test_special_entries_in_the_inbox_are_rejected_with_what_they_are(
     hard.write_text("a memory with two names\n")
     os.link(hard, inbox / "hard.txt")
     os.mknod(inbox / "sock", 0o600 | stat.S_IFSOCK)
+    try:  # /dev/null's numbers
+        os.mknod(inbox / "null.txt", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        devices = {"null.txt": "a device"}
+    except PermissionError:  # no CAP_MKNOD
+        devices = {}
     (inbox / "plain.txt").write_text("a plain memory still comes through\n")
     (inbox / "bob").mkdir()  # a scope's folder (a folder is never rejected)
     os.mkfifo(inbox / "bob" / "pipe.md")
     names = {"pipe.txt": "a FIFO", "link.txt": "a symlink", "bob_pipe.md": "a FIFO"}
-    names |= {"hard.txt": "a hard-linked file", "sock": "a socket"}
+    names |= {"hard.txt": "a hard-linked file", "sock": "a socket"} | devices
     rejected = inbox / "rejected"
     wait_for(lambda: all((rejected / f"{n}.error").exists() for n in names), 20, "the rejections")
     for n, what in names.items():

@@ -60,3 +60,58 @@ def test_a_broken_repository_reaches_the_socket_and_the_cli_as_one_clear_line(
         obj.write_bytes(data)
     with daemon.client() as c:
         assert c.log(5)["entries"][0]["commit"] == head
+
+
+def test_the_scratch_index_is_kept_only_while_it_holds_the_base_s_tree(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit on the daemon's own last commit builds its tree in the scratch index as that
+    commit left it (no `read-tree` of the whole store); a base with another tree (a person's
+    commit) or a scratch index changed by anyone else is read from the base again. Every
+    commit's tree is the base's tree with exactly the committed paths changed."""
+    gs = GitStore(store)
+    calls: list[str] = []
+    real_run = GitStore.run
+
+    def run(self: GitStore, *args: str, **kw: object) -> str:
+        calls.append(next(a for a in args if not a.startswith("-") and "=" not in a))
+        return real_run(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GitStore, "run", run)
+
+    def commit(name: str, text: str) -> str | None:
+        (store / "unsorted" / name).write_text(text)
+        calls.clear()
+        sha = gs.commit([f"unsorted/{name}"], f"write {name}")
+        if sha is not None:
+            gs.base = sha
+        return sha
+
+    def files_at(sha: str) -> dict[str, str]:
+        out = git(store, "ls-tree", "-r", sha, "--", "unsorted")
+        return {line.split("\t")[1]: line.split()[2] for line in out.splitlines()}
+
+    commit("u-a.yaml", "memories: []\n")
+    first = commit("u-b.yaml", "memories: []\n# b\n")
+    assert first and "read-tree" not in calls, calls  # on its own last commit: kept
+    assert "rev-parse" not in calls and "ls-tree" not in calls, calls
+    # a person's commit: another tree, read again
+    (store / "person.txt").write_text("a person's file\n")
+    git(store, "add", "person.txt")
+    git(store, "commit", "-qm", "the person's commit", "--", "person.txt")
+    gs.base = git(store, "rev-parse", "HEAD").strip()
+    second = commit("u-c.yaml", "memories: []\n# c\n")
+    assert second and "read-tree" in calls, calls
+    assert "person.txt" in git(store, "ls-tree", "--name-only", second)
+    # the scratch index changed by someone else: read again
+    scratch = store / ".git" / "clagd-build-index"
+    scratch.write_bytes(scratch.read_bytes())
+    os.utime(scratch, ns=(1, 1))
+    third = commit("u-b.yaml", "memories: []\n# b again\n")
+    assert third and "read-tree" in calls, calls
+    before, after = files_at(second), files_at(third)
+    assert {p for p in after if after[p] != before.get(p)} == {"unsorted/u-b.yaml"}
+    assert set(after) == set(before)
+    # nothing changed: no commit
+    assert commit("u-b.yaml", "memories: []\n# b again\n") is None
+    assert git(store, "status", "--porcelain", "--", "unsorted").strip() == ""
