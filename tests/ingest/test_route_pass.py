@@ -415,6 +415,7 @@ def test_the_route_pass_routes_each_memory_into_a_cluster_of_its_own_scope(
         loose = [m for shard in eng.state.unsorted.values() for m in shard]
         assert sorted(m.content for m in loose) == sorted(NEW_SAILING)
         assert {m.scope for m in loose} == {"alice"}
+        assert_same_as_files(eng)
     finally:
         eng.close()
 
