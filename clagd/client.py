@@ -460,8 +460,8 @@ class Client:
     def ping(self) -> Pong:
         return _parse(Pong, self.call("ping"), "ping")
 
-    def status(self) -> Status:
-        return _parse(Status, self.call("status"), "status")
+    def status(self, scope: str | None = None) -> Status:
+        return _parse(Status, self.call("status", scope=self._scope(scope)), "status")
 
     def add(
         self,

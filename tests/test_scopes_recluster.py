@@ -1,6 +1,6 @@
-"""`recluster --scope` (issue 24): a session of one scope organizes that scope's memories
-and clusters only, and leaves every file of another scope as it was. Real daemons on real
-sockets, real git stores."""
+"""`recluster --scope` and `status --scope` (issue 24): a session of one scope organizes
+that scope's memories and clusters only, and leaves every file of another scope as it was;
+`status` counts one scope's memories. Real daemons on real sockets, real git stores."""
 
 from __future__ import annotations
 
@@ -130,7 +130,35 @@ def test_cli_recluster_scope(
         assert _loose(c) == {"alice": 0, "bob": len(GARDEN)}
 
 
-@pytest.mark.parametrize("op", ["recluster"])
+def test_status_scope_counts_that_scope_alone(
+    daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = ["--socket", str(daemon.socket)]
+    with daemon.client() as c:
+        _two_scopes(c, extra=3)
+        c.add_many([{"content": f"bob: {f}"} for f in ["bob owns a green kayak"]], scope="bob")
+        c.recluster(scope="alice")
+        whole = c.status().counts
+        bob = c.status(scope="bob").counts
+        alice = c.status(scope="alice").counts
+    assert whole.memories == 15 and whole.scope is None
+    assert (bob.scope, bob.memories, bob.clusters, bob.unsorted) == ("bob", 8, 0, 8)
+    assert bob.scopes == {"bob": whole.scopes["bob"]}
+    assert (alice.memories, alice.unsorted) == (7, 0) and alice.clusters >= 1
+    assert alice.clusters == whole.clusters
+    got = CliRunner().invoke(main, [*base, "status", "--scope", "bob", "--json"])
+    assert got.exit_code == 0, got.output
+    counts = json.loads(got.output)["counts"]
+    assert (counts["scope"], counts["memories"], counts["unsorted"]) == ("bob", 8, 8)
+    monkeypatch.setenv("CLAGD_SCOPE", "bob")
+    text = CliRunner().invoke(main, [*base, "status"]).output
+    assert "scope      bob" in text and "memories   8 in 0 clusters, 8 unsorted" in text
+    monkeypatch.delenv("CLAGD_SCOPE")
+    plain = CliRunner().invoke(main, [*base, "status", "--json"]).output
+    assert "scope" not in json.loads(plain)["counts"]  # unchanged without a scope
+
+
+@pytest.mark.parametrize("op", ["recluster", "status"])
 def test_a_bad_scope_is_refused_naming_it(daemon: InProcessDaemon, op: str) -> None:
     root, base = daemon.root, ["--socket", str(daemon.socket)]
     with daemon.client() as c:

@@ -547,7 +547,7 @@ class Engine(ForgetOps):
     def index_unsorted_count(self) -> int:
         return len(self.index) - sum(c.size for c in self._summaries.values() if not c.archived)
 
-    def status(self) -> Status:
+    def status(self, scope: str | None = None) -> Status:
         hooks = self.hooks
         part = {key: hook() for key, hook in hooks.status.items()}
         return Status(
@@ -559,7 +559,7 @@ class Engine(ForgetOps):
             load_processes=self.load_processes,
             route_pending=len(self.routes),
             counts=summary.counts(
-                self._summaries.values(), len(self.index), self.index.unsorted_by_scope()
+                self._summaries.values(), len(self.index), self.index.unsorted_by_scope(), scope
             ),
             counters=dict(self.counters),
             writer=self.writer.status(),
