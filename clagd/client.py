@@ -460,8 +460,8 @@ class Client:
     def ping(self) -> Pong:
         return _parse(Pong, self.call("ping"), "ping")
 
-    def status(self) -> Status:
-        return _parse(Status, self.call("status"), "status")
+    def status(self, scope: str | None = None) -> Status:
+        return _parse(Status, self.call("status", scope=self._scope(scope)), "status")
 
     def add(
         self,
@@ -652,11 +652,13 @@ class Client:
         )
         return _parse(Forgotten, result, "forget")
 
-    def recluster(self, wait: bool = True, timeout: float | None = None) -> Session:
-        """Run a clustering session now; with `wait`, return its outcome (may take minutes)."""
-        if timeout is None and wait:
-            timeout = max(self.timeout or 0.0, RECLUSTER_TIMEOUT)
-        result = self.request("recluster", {"wait": wait}, timeout=timeout)
+    def recluster(
+        self, wait: bool = True, timeout: float | None = None, scope: str | None = None
+    ) -> Session:
+        """A clustering session now (of `scope`, else the client's; neither: every scope)."""
+        longest = max(self.timeout or 0.0, RECLUSTER_TIMEOUT) if wait else None
+        params = {"wait": wait, **({} if (s := self._scope(scope)) is None else {"scope": s})}
+        result = self.request("recluster", params, timeout=longest if timeout is None else timeout)
         return _parse(Session, result, "recluster")
 
     def archive(self, dry_run: bool = False, scope: str | None = None) -> Archived:

@@ -295,6 +295,7 @@ class Counts(Reply):
     unsorted: int = 0
     # per scope: {"memories", "clusters", "archived_memories", "unsorted"}
     scopes: dict[str, dict[str, int]] = field(default_factory=dict)
+    scope: str | None = None  # `status --scope`: the scope these counts are of
     raw: dict[str, Any] = _raw()
 
 

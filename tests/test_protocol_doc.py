@@ -142,6 +142,7 @@ def test_every_op_replies_as_the_doc_says(daemon: InProcessDaemon) -> None:
         call("list", include_archive=True)
         call("query", text="what does alice drink", superseded=True)
         call("round", n=2)
+        call("recluster", backend="none", scope="alice")  # nothing of alice's: a noop
         session = call("recluster", backend="none")
         call("clusters", include_archive=True)
         call("log", n=5)
@@ -154,6 +155,7 @@ def test_every_op_replies_as_the_doc_says(daemon: InProcessDaemon) -> None:
         call("recluster", wait=False)
         git(daemon.root, "checkout", "-q", "-b", "elsewhere")  # the person's git moves
         git(daemon.root, "checkout", "-q", "-")
+        assert call("status", scope="default")["counts"]["scope"] == "default"
         status = call("status")
         assert status["last_session"] is not None and status["query_processes"]["processes"]
         for op, replies in seen.items():

@@ -240,6 +240,7 @@ def test_cli_scope_option_and_env(daemon: InProcessDaemon, monkeypatch: pytest.M
     assert [m["scope"] for m in json.loads(alice.output)["memories"]] == ["alice"]
     listed = run(main, [*base, "--scope", "alice", "list", "--json"])
     assert json.loads(listed.output)["total"] == 1
+    monkeypatch.delenv("CLAGD_SCOPE")  # `status` of the whole store (with one: its own)
     status = run(main, [*base, "status"])
     assert "scopes     alice 1 (1 unsorted), bob 1 (1 unsorted)" in status.output
     bad = run(main, [*base, "query", "--scope", "Bad Name", "bike"])

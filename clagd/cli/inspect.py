@@ -15,9 +15,12 @@ from clagd.replies import Log
 
 @main.command()
 @json_option
+@scope_option
 @pass_ctx
 def status(c: Ctx, as_json: bool) -> None:
-    """What the daemon holds and does."""
+    """What the daemon holds and does.
+
+    With --scope (or CLAGD_SCOPE), the memory counts are that scope's alone."""
     with c.client() as cl:
         s = cl.status()
     if as_json:
@@ -29,6 +32,7 @@ def status(c: Ctx, as_json: bool) -> None:
     lines = [
         f"store      {s.store}",
         f"head       {(s.head or '')[:10]}",
+        *([f"scope      {n.scope} (the counts of memories are its alone)"] if n.scope else []),
         f"memories   {n.memories} in {n.clusters} clusters, {n.unsorted} unsorted; "
         f"{n.archived_clusters} archived clusters ({n.archived_memories} memories)",
         *_scope_lines(n.scopes),

@@ -30,9 +30,12 @@ def revert(c: Ctx, ref: str, as_json: bool) -> None:
 @main.command()
 @click.option("--no-wait", is_flag=True, help="schedule it and return")
 @json_option
+@scope_option
 @pass_ctx
 def recluster(c: Ctx, no_wait: bool, as_json: bool) -> None:
-    """Run a clustering session now and report its outcome."""
+    """Run a clustering session now and report its outcome.
+
+    With --scope (or CLAGD_SCOPE), of that scope's memories and clusters only."""
     stop = threading.Event()
 
     def tick() -> None:

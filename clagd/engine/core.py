@@ -541,7 +541,7 @@ class Engine(ForgetOps):
     def index_unsorted_count(self) -> int:
         return len(self.index) - sum(c.size for c in self._summaries.values() if not c.archived)
 
-    def status(self) -> Status:
+    def status(self, scope: str | None = None) -> Status:
         hooks = self.hooks
         part = {key: hook() for key, hook in hooks.status.items()}
         return Status(
@@ -553,7 +553,7 @@ class Engine(ForgetOps):
             load_processes=self.load_processes,
             route_pending=len(self.routes),
             counts=summary.counts(
-                self._summaries.values(), len(self.index), self.index.unsorted_by_scope()
+                self._summaries.values(), len(self.index), self.index.unsorted_by_scope(), scope
             ),
             counters=dict(self.counters),
             writer=self.writer.status(),
@@ -660,23 +660,23 @@ class Engine(ForgetOps):
         return out
 
     # -- sessions ------------------------------------------------------------------------
-    def recluster(self, trigger: str = "manual", backend: str | None = None) -> SessionOutcome:
-        """Run one clustering session now (waiting for any running one) and report it."""
-        runner = self._session_runner()
+    def recluster(
+        self, trigger: str = "manual", backend: str | None = None, scope: str | None = None
+    ) -> SessionOutcome:
+        """Run one clustering session now (of `scope`'s memories only, when given; waiting
+        for any running one) and report it."""
+        scope, runner = scope if scope is None else check_scope(scope), self._session_runner()
         change = self.check_outside()
-        if change is not None and change.paused:
-            # the person's git holds the store (an operation, staged changes): a session
-            # waits exactly as an `add` does
-            raise Paused(change.paused)
-        if self.outside.error:
-            # a session rewrites cluster files: not while one of them holds a broken edit
+        if change is not None and change.paused:  # the person's git holds the store: a
+            raise Paused(change.paused)  # session waits exactly as an `add` does
+        if self.outside.error:  # a session rewrites cluster files: not while one is broken
             raise Conflict(
                 f"no clustering session while a hand edit is broken: {self.outside.error}"
             )
         with self.session_lock:
-            self.new_since_session = 0
-            self.rounds_since_session = 0
-            outcome = runner(self, trigger=trigger, backend=backend)
+            if scope is None:  # a session of one scope leaves the others' due
+                self.new_since_session = self.rounds_since_session = 0
+            outcome = runner(self, trigger=trigger, backend=backend, scope=scope)
         self.last_session = outcome
         self.counters["sessions"] += 1
         key = f"sessions_{outcome.status}"

@@ -23,7 +23,11 @@ class SessionRunner(Protocol):
     `organize.session.engine_session_runner` builds the real one."""
 
     def __call__(
-        self, engine: Engine, trigger: str = ..., backend: str | None = ...
+        self,
+        engine: Engine,
+        trigger: str = ...,
+        backend: str | None = ...,
+        scope: str | None = ...,
     ) -> SessionOutcome: ...
 
 

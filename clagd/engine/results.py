@@ -315,6 +315,8 @@ class Counts:
     unsorted: int
     # per scope: {"memories", "clusters", "archived_memories", "unsorted"} (hot memories)
     scopes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # `status --scope`: the scope every count above is of (None, left out: the whole store)
+    scope: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from clagd.engine.results import ClusterInfo, Counts
 from clagd.model import Cluster
+from clagd.scopes import check_scope
 from clagd.store.changes import StoreChange
 from clagd.store.files import StoreState
 
@@ -85,10 +86,16 @@ def refreshed(
 
 
 def counts(
-    summaries: Collection[ClusterInfo], memories: int, unsorted: Mapping[str, int] | None = None
+    summaries: Collection[ClusterInfo],
+    memories: int,
+    unsorted: Mapping[str, int] | None = None,
+    scope: str | None = None,
 ) -> Counts:
     """The `counts` section of `status`; `memories`: how many the index holds (hot);
-    `unsorted`: the index's unsorted memories per scope (for the per-scope counts)."""
+    `unsorted`: the index's unsorted memories per scope (for the per-scope counts);
+    `scope`: that scope's counts only (`scope_only`)."""
+    if scope is not None:
+        return scope_only(summaries, unsorted or {}, check_scope(scope))
     hot = sum(c.size for c in summaries if not c.archived)
     return Counts(
         memories,
@@ -97,6 +104,23 @@ def counts(
         sum(c.size for c in summaries if c.archived),
         memories - hot,
         scope_counts(summaries, unsorted or {}),
+    )
+
+
+def scope_only(
+    summaries: Collection[ClusterInfo], unsorted: Mapping[str, int], scope: str
+) -> Counts:
+    """`status --scope`: the counts of `scope`'s memories and clusters alone."""
+    mine = [c for c in summaries if c.scope == scope]
+    loose = unsorted.get(scope, 0)
+    return Counts(
+        sum(c.size for c in mine if not c.archived) + loose,
+        sum(1 for c in mine if not c.archived),
+        sum(1 for c in mine if c.archived),
+        sum(c.size for c in mine if c.archived),
+        loose,
+        scope_counts(mine, {scope: loose}),
+        scope,
     )
 
 

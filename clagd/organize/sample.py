@@ -57,10 +57,24 @@ def choose_sample(
     return list(picked.values())
 
 
-def take_snapshot(state: StoreState, size: int, access: Mapping[str, int] | None) -> Snapshot:
-    """Copies of the sample and of every hot cluster (run on the writer). A cluster's copy
-    is shallow, with its own member list: a memory is never changed in place (a change makes
-    a new object), and a deep copy of 100k memories held the writer for seconds."""
+def of_scope(state: StoreState, scope: str | None) -> StoreState:
+    """`state`'s hot clusters and unsorted memories of `scope` only (None: all of it): what
+    a session of one scope (`recluster --scope`) samples and plans its size policy on."""
+    if scope is None:
+        return state
+    clusters = {cid: c for cid, c in state.clusters.items() if c.scope == scope}
+    loose = {key: [m for m in mems if m.scope == scope] for key, mems in state.unsorted.items()}
+    return StoreState(clusters, {}, {key: mems for key, mems in loose.items() if mems})
+
+
+def take_snapshot(
+    state: StoreState, size: int, access: Mapping[str, int] | None, scope: str | None = None
+) -> Snapshot:
+    """Copies of the sample and of every hot cluster (of `scope` only, when given: `of_scope`).
+    A cluster's copy is shallow, with its own member list: a memory is never changed in place
+    (a change makes a new object), and a deep copy of 100k memories held the writer for
+    seconds."""
+    state = of_scope(state, scope)
     sample = choose_sample(state, size, access)
     total = sum(len(c.memories) for c in state.clusters.values()) + sum(
         len(v) for v in state.unsorted.values()

@@ -387,15 +387,17 @@ def run_session(
     seed: int | None = None,
     gate: GateResult | None = None,
     memo: SessionMemo | None = None,
+    scope: str | None = None,
 ) -> SessionOutcome:
     """Run one session to its end and say what happened. `backend` None (or a
     `NoneBackend`) means the lexical organizer; so does a `gate` verdict that the model may
     not organize (the outcome says why). `memo`: what sessions remember of this store (its
-    engine's; None: a fresh one). Raises only for errors of the store itself (the writer
-    failing)."""
+    engine's; None: a fresh one). `scope`: that scope's memories and clusters only (None:
+    every scope, each on its own). Raises only for errors of the store itself."""
     memo = memo if memo is not None else SessionMemo()
     organizer = organizer_for(backend, config.session, prompts_dir, gate, memo.newest)
     session = _Session(submit, organizer, config.session, trigger, session_id, seed, memo.size)
+    session.scope = scope
     session.out.reasons.extend(gate_note(backend, gate))
     return session.run(access)
 
@@ -424,6 +426,7 @@ class _Session:
             session_id or new_session_id(), trigger, backend.name, backend.model
         )
         self.base_seed = seed if seed is not None else backend.seed
+        self.scope: str | None = None  # a session of one scope sees only its memories
 
     @property
     def sid(self) -> str:
@@ -440,7 +443,7 @@ class _Session:
 
     def run(self, access: Mapping[str, int] | None) -> SessionOutcome:
         view: StoreState = self.submit(_snapshot_op).result()
-        snap = take_snapshot(view, self.cfg.sample_size, access)
+        snap = take_snapshot(view, self.cfg.sample_size, access, self.scope)
         self.out.sampled = len(snap.sample)
         if not snap.sample:
             self.out.reasons.append("nothing to organize")
@@ -591,7 +594,7 @@ class _Session:
                 self.out.reasons.append("size policy abandoned: the daemon is stopping")
                 return
             memo = self.size_memo
-            part = size_slice(StoreState(view), self.cfg, memo)  # off the writer
+            part = size_slice(StoreState(view), self.cfg, memo, scope=self.scope)  # off writer
             if part.plan is not None:
                 arg = SizePolicy(self.sid, trailers, part.plan, most)
                 res: ApplyResult = self.submit(_size_policy_op, arg).result()
@@ -661,7 +664,10 @@ def engine_session_runner(backends: BackendManager) -> Callable[..., SessionOutc
     manager (`slm.BackendManager`) has chosen, or the one `backend` names."""
 
     def runner(
-        engine: SessionHost, trigger: str = "manual", backend: str | None = None
+        engine: SessionHost,
+        trigger: str = "manual",
+        backend: str | None = None,
+        scope: str | None = None,
     ) -> SessionOutcome:
         chosen: Backend | None
         if backend == NoneBackend.name:
@@ -683,6 +689,7 @@ def engine_session_runner(backends: BackendManager) -> Callable[..., SessionOutc
             access=access,
             gate=_gate(engine, chosen),
             memo=engine.session_memo,
+            scope=scope,
         )
         if outcome.status in FAILED_STATUSES and outcome.asked_model:
             backends.record_failure("; ".join(outcome.reasons[-2:]))

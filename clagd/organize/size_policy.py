@@ -110,14 +110,21 @@ def size_policy(
 
 
 def size_slice(
-    state: StateLike, cfg: SessionConfig, memo: SizeMemo, budget: float = SLICE_MEMORIES
+    state: StateLike,
+    cfg: SessionConfig,
+    memo: SizeMemo,
+    budget: float = SLICE_MEMORIES,
+    scope: str | None = None,
 ) -> SizeSlice:
     """The next slice: a plan that splits an over-large cluster (part of one, if it is very
     large), merges near-duplicate clusters (cosine of term counts at least
     `merge_similarity`, if the result fits `max_cluster_size`) and folds near-identical
     memories (token Jaccard at least 0.9) into one, keeping the other's text as provenance,
-    looking only at clusters changed since `memo` saw them, `budget` memories at most."""
+    looking only at clusters changed since `memo` saw them, `budget` memories at most.
+    `scope`: the clusters of that scope only (None: every cluster; none mixes scopes)."""
     run = _Run(state, cfg, memo, budget)
+    if scope is not None:
+        run.hot = [c for c in run.hot if c.scope == scope]
     run.split()  # first: an over-large cluster is the worst of these, and the costliest
     run.fold_and_sign()
     run.merge()

@@ -28,6 +28,7 @@ from clagd.ingest.watcher import InboxStatus, InboxWatcher
 from clagd.libc import malloc_trim
 from clagd.organize.session import SessionOutcome, engine_session_runner
 from clagd.protocol import flag, resolve_socket
+from clagd.scopes import check_scope
 from clagd.serve import sdnotify
 from clagd.serve.follow import (
     WRITE_OPS,
@@ -545,10 +546,15 @@ class Daemon:
 
     def _recluster(self, params: dict[str, Any]) -> SessionOutcome | Scheduled:
         assert self.engine is not None and self.scheduler is not None
-        if not flag(params, "wait", True):
+        eng, scope = self.engine, params.get("scope")
+        scope = None if scope is None else check_scope(scope)
+        if flag(params, "wait", True):
+            return eng.recluster("manual", backend=params.get("backend"), scope=scope)
+        if scope is None:
             self.scheduler.trigger_session("manual")
-            return Scheduled()
-        return self.engine.recluster("manual", backend=params.get("backend"))
+        else:
+            self.scheduler.trigger_scoped("manual", scope, lambda t, s: eng.recluster(t, scope=s))
+        return Scheduled()
 
     # -- run / stop -------------------------------------------------------------------
     def request_stop(self, _signum: int = 0, _frame: FrameType | None = None) -> None:

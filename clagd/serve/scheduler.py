@@ -173,6 +173,32 @@ class Scheduler:
             max_instances=2,
         )
 
+    def trigger_scoped(self, why: str, scope: str, session: Callable[[str, str], object]) -> None:
+        """A session of one scope soon (`recluster --scope` with `wait: false`), on the
+        session executor after any queued or running one; asks for the same scope while it
+        waits coalesce into it (one job id per scope)."""
+
+        def run() -> None:
+            with self._lock:
+                self._running += 1
+            try:
+                session(why, scope)
+            except Exception as exc:  # noqa: BLE001
+                log.error("clustering session of scope %s (%s) failed: %s", scope, why, exc)
+            finally:
+                with self._lock:
+                    self._running -= 1
+
+        self.sched.add_job(
+            run,
+            "date",
+            run_date=datetime.now(timezone.utc) + timedelta(milliseconds=50),
+            id=f"session-now:{scope}",
+            executor="session",
+            replace_existing=True,
+            max_instances=2,
+        )
+
     def start(self) -> None:
         self.sched.start()
 

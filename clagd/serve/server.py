@@ -75,7 +75,7 @@ class Dispatcher:
                 )
             if "scope" in params or "scopes" in params:
                 # a bad scope name is refused on every op, also on the store-wide ones
-                # (status, recluster, round, ...) that do not read it
+                # (ping, round, sync) that do not read it
                 request_scopes(params)
             return ok_reply(rid, fn(params))
         except GitFailed as exc:  # the store's git failed: logged whole, answered in a line
@@ -363,7 +363,7 @@ def build_dispatcher(engine: Engine, extra: dict[str, Handler] | None = None) ->
     `recluster`, which can return before the session ends)."""
     d = Dispatcher()
     d.op("ping", lambda p: {"pong": True, "pid": os.getpid(), "store": str(engine.root)})
-    d.op("status", lambda p: engine.status())
+    d.op("status", lambda p: engine.status(p.get("scope")))
     d.op("add", lambda p: _add(engine, p))
     d.op("query", lambda p: engine.run_query(QueryParams.from_request(p)))
     d.op("get", lambda p: engine.get(p.get("memory_id"), request_scopes(p)))
