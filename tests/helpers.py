@@ -100,6 +100,13 @@ def assert_same_as_files(eng: Any) -> None:
     }
 
 
+def idle(status: dict[str, Any]) -> bool:
+    """A daemon's `status` reply says no route pass waits and no session is queued or runs:
+    its own organizing after the last adds is over."""
+    act = status.get("activity") or {}
+    return not (status["route_pending"] or act.get("session_queued") or act.get("session_running"))
+
+
 def git(root: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.name=test", "-c", "user.email=t@example.com", *args],

@@ -4,9 +4,11 @@ memory gets the id of its new content, a hand-added one an id."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import yaml
-from helpers import InProcessDaemon, git, head_contents, wait_for
+from helpers import InProcessDaemon, git, head_contents, idle, wait_for
 
 from clagd.client import ClientError
 from clagd.model import memory_id
@@ -23,6 +25,9 @@ def _clustered(daemon: InProcessDaemon):
     with daemon.client() as c:
         c.add_many([{"content": t} for t in TEXTS])
         c.call("recluster", backend="none")
+        # the daemon's own organizing is over before the person edits (no commit of its
+        # own lands between the person's and the edit commit the tests wait for)
+        wait_for(lambda: idle(c.status()), 30, "the daemon's organizing")
     return sorted((daemon.root / "clusters").glob("c-*.yaml"))[0]
 
 
@@ -101,11 +106,17 @@ def test_an_edit_committed_by_the_person_gets_the_id_of_its_new_content(
     old_id, old_text = data["memories"][0]["id"], data["memories"][0]["content"]
     new_text = old_text + " (edited and committed by the person)"
     data["memories"][0]["content"] = new_text
+    start = git(root, "rev-parse", "HEAD").strip()
     cluster.write_text(yaml.safe_dump(data, sort_keys=False))
     rel = f"clusters/{cluster.name}"
-    git(root, "commit", "-qm", "fix a memory by hand", "--", rel)
+    # the daemon may take the written file in before the person's commit (it reacts to the
+    # file within milliseconds): then there is nothing left for the person to commit, and
+    # the edit commit below is the same either way
+    person = ["git", "-c", "user.name=test", "-c", "user.email=t@example.com"]
+    subprocess.run([*person, "commit", "-qm", "fix a memory by hand", "--", rel], cwd=root)
     with daemon.client() as c:
-        wait_for(lambda: "edit:" in git(root, "log", "-1", "--format=%s"), 15, "the edit commit")
+        since = f"{start}..HEAD"
+        wait_for(lambda: "edit:" in git(root, "log", "--format=%s", since), 15, "the edit commit")
         stored = yaml.safe_load(git(root, "show", f"HEAD:{rel}"))
         edited = next(m for m in stored["memories"] if m["content"] == new_text)
         assert edited["id"] == memory_id(new_text)

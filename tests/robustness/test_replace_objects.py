@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import DaemonProcess, InProcessDaemon, git, head_contents, wait_for
+from helpers import DaemonProcess, InProcessDaemon, git, head_contents, idle, wait_for
 
 from clagd.client import ClientError
 from clagd.store.files import load_state
@@ -109,11 +109,6 @@ def test_every_git_command_the_daemon_runs_ignores_replacements(
     assert not bad, bad[:10]
 
 
-def _idle(st: dict) -> bool:
-    act = st.get("activity") or {}
-    return not (st["route_pending"] or act.get("session_queued") or act.get("session_running"))
-
-
 @pytest.mark.parametrize("op", ["recluster", "archive", "revert"])
 def test_staged_changes_pause_sessions_archive_and_reverts(
     daemon: InProcessDaemon, op: str
@@ -126,7 +121,7 @@ def test_staged_changes_pause_sessions_archive_and_reverts(
         # the daemon's own organizing of the 24 (a triggered session, a route pass) is over
         # before the person stages: an edit staged while an operation commits is a race of
         # its own, not what this test is about (on a loaded machine the session came late)
-        wait_for(lambda: _idle(c.status()), 30, "the session and route pass after the adds")
+        wait_for(lambda: idle(c.status()), 30, "the session and route pass after the adds")
         head = git(root, "rev-parse", "HEAD").strip()
         shard = sorted([*(root / "unsorted").glob("*.yaml"), *(root / "clusters").glob("*.yaml")])[
             0
