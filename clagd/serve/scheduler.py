@@ -132,12 +132,16 @@ class Scheduler:
             self._running += 1  # taken over by _run_session (no gap between the two)
         self._run_session(trigger, counted=True)
 
-    def _run_session(self, trigger: str, counted: bool = False) -> None:
+    def _run_session(
+        self, trigger: str, counted: bool = False, call: Callable[[], object] | None = None
+    ) -> None:
+        """Run one session (`call`, else the daemon's session with `trigger`), counted in
+        `activity` while it runs; a failure is logged."""
         if not counted:
             with self._lock:
                 self._running += 1
         try:
-            self._session(trigger)
+            call() if call is not None else self._session(trigger)
         except Exception as exc:  # noqa: BLE001
             log.error("clustering session (%s) failed: %s", trigger, exc)
         finally:
@@ -177,22 +181,12 @@ class Scheduler:
         """A session of one scope soon (`recluster --scope` with `wait: false`), on the
         session executor after any queued or running one; asks for the same scope while it
         waits coalesce into it (one job id per scope)."""
-
-        def run() -> None:
-            with self._lock:
-                self._running += 1
-            try:
-                session(why, scope)
-            except Exception as exc:  # noqa: BLE001
-                log.error("clustering session of scope %s (%s) failed: %s", scope, why, exc)
-            finally:
-                with self._lock:
-                    self._running -= 1
-
         self.sched.add_job(
-            run,
+            self._run_session,
             "date",
             run_date=datetime.now(timezone.utc) + timedelta(milliseconds=50),
+            args=[f"{why}, scope {scope}"],
+            kwargs={"call": lambda: session(why, scope)},
             id=f"session-now:{scope}",
             executor="session",
             replace_existing=True,
