@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Collection
-from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,6 @@ from clagd.engine.outside import OutsideChange, OutsideEdits
 from clagd.engine.recovery import recover
 from clagd.engine.requests import (
     MAX_ROUNDS,
-    ROUTE_SLICE_CLUSTERS,
     ArchiveRun,
     IngestBatch,
     NextIndex,
@@ -49,13 +47,14 @@ from clagd.engine.results import (
     Status,
     Thawed,
 )
-from clagd.engine.routing import KeptRoutes, RouteQueue, Scorer
+from clagd.engine.route_ops import RouteOps
+from clagd.engine.routing import RouteQueue, Scorer
 from clagd.engine.stats import STATS_FILE, AccessStats
 from clagd.engine.updating import Updated, UpdateRequest
 from clagd.engine.warmstart import WarmStart, reread_at
 from clagd.errors import BadRequest, Conflict, Paused, StoreError
 from clagd.ingest import supersede
-from clagd.ingest.batch import IngestResult, RouteResult, ingest_items, route_shards
+from clagd.ingest.batch import IngestResult, ingest_items
 from clagd.ingest.inbox import Item, validate_item
 from clagd.ingest.turns import stored_roles, turn_items
 from clagd.model import Memory, iso_utc
@@ -76,7 +75,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("clagd")
 
 
-class Engine(ForgetOps):
+class Engine(ForgetOps, RouteOps):
     def __init__(
         self,
         root: Path,
@@ -201,6 +200,8 @@ class Engine(ForgetOps):
     def close(self) -> None:
         self.writer.closing = True  # a session in progress stops at its next step
         self.scorer.close()
+        # a pass waiting for the scorer (cancelled just now) ends here: the last one below
+        self.routes.release()
         if self.writer.alive():
             try:
                 if not self.writer.read_only:  # a follower never routes (nor commits)
@@ -383,69 +384,6 @@ class Engine(ForgetOps):
     def _update_op(self, ctx: WriteContext, req: UpdateRequest) -> Updated:
         self._outside_op(ctx)  # a hand edit not yet noticed is taken in first
         return updating.update(ctx, req, self.known)
-
-    # -- the route pass: large batches' memories into their clusters ----------------------
-    def route_due(self, now: float | None = None) -> bool:
-        return self.routes.due(now)
-
-    def maybe_route(
-        self, force: bool = False, wait: bool = True, inbox_quiet: bool = False
-    ) -> RouteResult | None:
-        """Run the route pass when it is due (or waiting at all, with `force`; see
-        `RouteQueue.due` for `inbox_quiet`). With `wait=False` (housekeeping) it is queued
-        on the writer and this returns at once."""
-        if not self.routes.claim(force, inbox_quiet):
-            return None
-        fut = self.writer.submit(self._route_op)
-        fut.add_done_callback(self._route_done)
-        result: RouteResult | None = fut.result() if wait else None
-        return result
-
-    def _route_done(self, fut: Future) -> None:
-        self.routes.release()
-        exc = fut.exception()
-        if exc is not None:
-            log.warning("route pass failed (tried again later): %s", exc)
-        elif fut.result().more and not self.writer.closing:
-            # the next slice, behind the writes queued meanwhile
-            self.maybe_route(force=True, wait=False)
-
-    def _route_op(self, ctx: WriteContext) -> RouteResult:
-        # as for ingest: take in a hand edit first, routing rewrites cluster files
-        self._outside_op(ctx)
-        taken = self.routes.waiting()
-        index = self.index
-        route = KeptRoutes(self.routes.scores(taken, index.route_key), index.route_many)
-        try:
-            res = route_shards(
-                ctx,
-                taken,
-                route,
-                self.outside.blocked,
-                self.config.session.max_cluster_size,
-                ROUTE_SLICE_CLUSTERS,
-            )
-        except BaseException:
-            self.counters["route_failures"] += 1
-            raise
-        finally:
-            self.routes.release()
-        if not res.more:  # else the shards stay waiting: `_route_done` queues the next slice
-            self.routes.finished(taken)
-        elif taken:
-            # the next slices take this pass's answers (made on the index before it, as one
-            # pass over the whole burst would), not `route_many` again for every slice
-            self.routes.keep_scores(taken[0], self.index.route_key, route.made)
-        self.counters["route_passes"] += 1
-        self.counters["routed"] += res.routed
-        if res.commit:
-            log.info(
-                "route pass: %d memories into %d clusters (%s)",
-                res.routed,
-                res.clusters,
-                res.commit[:10],
-            )
-        return res
 
     def _route(self, memories: list[Memory]) -> list[str | None]:
         return self.index.route_many(memories)

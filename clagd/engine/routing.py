@@ -6,12 +6,16 @@ listed here; the pass runs when the inbox has been quiet for `ingest.route_delay
 or at the latest ROUTE_MAX_WAIT after the first waiting batch, so a steady stream of files
 still gets its memories into their clusters. One pass runs at a time.
 
-The pass's scoring is done ahead: right after a large batch is committed, its shard is
-scored on the index that commit published, by a thread of its own, off the writer
-(`Scorer`), while the pass waits for its quiet, and the answers are kept here with
-that index's `route_key`. The pass uses the answers whose key is still the served
-index's (no cluster changed since: they are the answers it would compute) and scores only
-the rest.
+Scoring (which cluster each waiting memory goes to: a pass over every cluster slot, ~1 ms a
+memory at 11k clusters) never runs on the writer beyond ROUTE_SCORE_INLINE memories. Right
+after a large batch is committed, its shard is scored on the index that commit published,
+by a thread of its own (`Scorer`), while the pass waits for its quiet; the answers are kept
+with that index's `route_key`. When the pass starts, it uses the answers whose key is still
+the served index's (no cluster changed since: they are the answers it would compute); the
+rest are scored on the served index by the same thread, off the writer (`NeedScores`), and
+the pass goes on when they are in. Those are the pass's answers (`RouteQueue.keep_pass`):
+its later slices use them whatever clusters the writes between slices change, as one pass
+over the whole burst would have.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clagd.model import Memory
@@ -33,6 +38,18 @@ log = logging.getLogger(__name__)
 # a route pass waits for the inbox to be quiet, but not longer than this after the first
 # deferred batch
 ROUTE_MAX_WAIT = 30.0
+# waiting memories a route op scores itself, on the writer (~1 ms each at 11k clusters);
+# more are scored off the writer first
+ROUTE_SCORE_INLINE = 48
+
+
+@dataclass(frozen=True)
+class NeedScores:
+    """What a route op answers instead of routing when more than ROUTE_SCORE_INLINE waiting
+    memories have no answer: score these on this index, off the writer, then go on."""
+
+    memories: list[Memory]
+    index: Index
 
 
 class RouteQueue:
@@ -47,6 +64,9 @@ class RouteQueue:
         self._last_source = ""  # where the last batch came from ("inbox", "socket", ...)
         # shard -> (the index's route_key, {memory id: its cluster or None})
         self._scored: dict[str, tuple[object, dict[str, str | None]]] = {}
+        # the pass in progress's own answers (memory id -> its cluster or None), made on the
+        # index it started from: its slices use them until it has finished
+        self._pass: dict[str, str | None] = {}
 
     def __len__(self) -> int:
         with self._lock:
@@ -100,6 +120,18 @@ class RouteQueue:
             for name in taken:
                 self._pending.pop(name, None)
                 self._scored.pop(name, None)
+            if not self._pending:
+                self._pass.clear()
+
+    def keep_pass(self, targets: dict[str, str | None]) -> None:
+        """Answers for the pass in progress (by memory id), used by its later slices."""
+        with self._lock:
+            self._pass.update(targets)
+
+    def drop_pass(self) -> None:
+        """The pass failed: the next one starts from the index it will serve."""
+        with self._lock:
+            self._pass.clear()
 
     def is_waiting(self, shard: str) -> bool:
         with self._lock:
@@ -112,10 +144,12 @@ class RouteQueue:
                 self._scored[shard] = (key, targets)
 
     def scores(self, shards: list[str], key: object) -> dict[str, str | None]:
-        """The kept answers for these shards that were made on an index with `key` (by
-        memory id); those made on another are dropped (a cluster changed since)."""
+        """The pass's own answers, and the kept answers for these shards that were made on
+        an index with `key` (by memory id); those made on another are dropped (a cluster
+        changed since)."""
         out: dict[str, str | None] = {}
         with self._lock:
+            out.update(self._pass)
             for name in shards:
                 got = self._scored.get(name)
                 if got is None:
@@ -186,6 +220,34 @@ class Scorer:
             log.warning("scoring a waiting batch failed (the pass scores it): %s", exc)
             return
         self.routes.keep_scores(shard, index.route_key, dict(zip((m.id for m in mems), targets)))
+
+    def for_pass(self, need: NeedScores, then: Callable[[bool], None]) -> bool:
+        """Score `need` for the pass in progress on this thread, then `then(scored)` (which
+        queues the pass's next op; `scored` False: the scoring failed, the op scores them
+        itself). False when closing: nothing was queued."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix="clagd-route-score", initializer=self._on_start
+            )
+        try:
+            self._last = self._pool.submit(self._for_pass, need, then)
+        except RuntimeError:
+            return False
+        return True
+
+    def _for_pass(self, need: NeedScores, then: Callable[[bool], None]) -> None:
+        try:
+            self.score_pass(need)
+        except Exception as exc:  # noqa: BLE001 - the op scores what is still missing
+            log.warning("scoring for the route pass failed (the pass scores them): %s", exc)
+            then(False)
+            return
+        then(True)
+
+    def score_pass(self, need: NeedScores) -> None:
+        """Score `need` here (the calling thread, not the writer) for the pass."""
+        targets = need.index.route_many(need.memories)
+        self.routes.keep_pass(dict(zip((m.id for m in need.memories), targets)))
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the scoring asked for so far is done (tests, benchmarks)."""

@@ -317,7 +317,8 @@ def test_scores_made_before_a_cluster_changed_are_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A cluster that changed after the scoring (here a small batch routed into it) may
-    change the answers: the pass scores the waiting memories again, on the index it serves."""
+    change the answers: the pass scores the waiting memories again, on the index it serves
+    (in the calling thread, when it waits for the pass; on the scorer's otherwise)."""
     root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
     eng = Engine(root)
     try:

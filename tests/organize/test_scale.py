@@ -246,6 +246,78 @@ def test_route_pass_goes_in_slices_of_bounded_clusters(tmp_path: Path) -> None:
         eng.close()
 
 
+@pytest.mark.parametrize("stale", [True, False], ids=["stale-answers", "fresh-answers"])
+def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stale: bool
+) -> None:
+    """A pass whose kept answers went stale (a cluster changed after the batch was scored)
+    has them made again by the scorer thread, not the writer (issue 26: a slice that
+    re-scored 2,000 memories against 11k clusters held the writer 5 s); with answers still
+    fresh it uses them. Either way its later slices use its answers although an `add`
+    routed between slices changes a cluster again: nothing is scored twice."""
+    from clagd.engine import route_ops
+    from clagd.engine.routing import ROUTE_SCORE_INLINE
+    from clagd.retrieval.index import Index
+
+    n = ROUTE_SLICE_CLUSTERS + 30
+    store = make_store(
+        tmp_path / "s", {"ingest": {"route_inline_max": 1, "route_delay_seconds": 60}}
+    )
+    topics = [" ".join(VOCAB[6 * k : 6 * k + 6]) for k in range(n)]
+    for k, words in enumerate(topics):
+        mems = [Memory.new(f"{words} {VOCAB[2000 + 3 * k + i]}", at(k + i)) for i in range(3)]
+        write_cluster(Paths(store), Cluster(f"c-{k:08x}", f"topic {VOCAB[k]}", memories=mems))
+    git(store, "add", "-A")
+    git(store, "commit", "-qm", "hand: many small clusters")
+    eng = Engine(store)
+    calls: list[tuple[int, str]] = []
+    real_route_many, real_route_shards = Index.route_many, route_ops.route_shards
+
+    def counting(self: Index, memories: list[Memory]) -> list[str | None]:
+        calls.append((len(memories), threading.current_thread().name))
+        return real_route_many(self, memories)
+
+    slices: list[int] = []
+
+    def one_slice(*args: object, **kwargs: object) -> object:
+        res = real_route_shards(*args, **kwargs)  # type: ignore[arg-type]
+        slices.append(res.routed)
+        if len(slices) == 1:  # an add waits behind this slice and lands before the next
+            before = eng.writer.pending()
+            threading.Thread(
+                target=eng.add, args=([{"content": f"{topics[-1]} between slices"}],)
+            ).start()
+            wait_for(lambda: eng.writer.pending() > before, 10, "the add to be queued")
+        return res
+
+    try:
+        monkeypatch.setattr(Index, "route_many", counting)
+        res = eng.add([{"content": f"{words} again"} for words in topics])
+        assert res.route_deferred
+        eng.scorer.wait(10)
+        scored = eng.index.route_key
+        if stale:
+            assert eng.add([{"content": f"{topics[0]} once more"}]).added  # routed inline
+            assert eng.index.route_key is not scored
+        monkeypatch.setattr(route_ops, "route_shards", one_slice)
+        assert eng.maybe_route(force=True, wait=False) is None
+        wait_for(lambda: len(eng.routes) == 0, 60, "every slice of the route pass")
+        eng.writer.call(lambda _ctx: None)  # the last slice's commit is in
+        assert len(slices) >= 2 and sum(slices) == n
+        big = [(size, thread) for size, thread in calls if size > ROUTE_SCORE_INLINE]
+        # the batch scored ahead; again for the pass when that went stale; never more
+        assert [size for size, _t in big] == [n] * (2 if stale else 1)
+        assert all(thread.startswith("clagd-route-score") for _s, thread in big)
+        # the adds were routed inline (one memory each); nothing else was scored
+        small = [size for size, _t in calls if size <= ROUTE_SCORE_INLINE]
+        assert small == [1] * (2 if stale else 1)
+        assert eng.index_unsorted_count() == 0
+        holds = eng.status().writer.longest_by_op
+        assert "_route_op" in holds
+    finally:
+        eng.close()
+
+
 def test_each_store_keeps_what_its_sessions_remember(tmp_path: Path) -> None:
     """The size policy's memo and the clusters' newest times belong to the store's engine
     (`Engine.session_memo`): kept from one session to the next, never shared with another
