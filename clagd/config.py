@@ -71,6 +71,9 @@ class GateConfig:
     margin: float = 0.05  # a model must beat the lexical organizer by this much at a task
     timeout: float = 120.0  # seconds per gate call
     total_seconds: float = 1800.0  # the whole measurement; calls not made in time score 0
+    # the tasks measured, comma-separated; a task left out is refused without a call (e.g.
+    # "name": a model measured only as a namer, the lexical organizer groups)
+    tasks: str = "route,organize,name,judge"
 
 
 @dataclass

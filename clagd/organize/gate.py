@@ -44,7 +44,7 @@ from clagd.errors import BackendError, ClagdError
 from clagd.model import Cluster, Memory
 from clagd.organize.examples import copied, prompt_examples
 from clagd.organize.gate_cache import model_identity, user_gate_dir, write_json
-from clagd.organize.gate_result import GateResult, TaskScore
+from clagd.organize.gate_result import TASKS, GateResult, TaskScore, task_list
 from clagd.organize.gate_stats import accuracy, balanced, bootstrap, pair_f1_of
 from clagd.organize.lexical import organize
 from clagd.organize.naming import (
@@ -434,9 +434,10 @@ def measure(
     timeout: float | None = None,
     cfg: SessionConfig | None = None,
     total_seconds: float | None = None,
+    tasks: tuple[str, ...] = TASKS,
 ) -> GateResult:
-    """Run the gate's tasks on `backend` (one call per task and scene, none after
-    `total_seconds`) and decide."""
+    """Run the gate's `tasks` on `backend` (one call per task and scene, none after
+    `total_seconds`) and decide; a task not in `tasks` is refused without a call."""
     start = time.monotonic()
     organize_t = load_prompt(prompts_dir, "organize.md")
     validate_t = load_prompt(prompts_dir, "validate.md")
@@ -445,7 +446,7 @@ def measure(
     result = GateResult(
         backend.name,
         backend.model,
-        cache_key(backend, set_hash, organize_t + validate_t, len(picked)),
+        cache_key(backend, set_hash, organize_t + validate_t, len(picked), tasks),
         datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         identity=model_identity(backend),
     )
@@ -454,17 +455,24 @@ def measure(
     cfg = cfg or SessionConfig()
     items = _Items()
     for scene in picked:
-        meter.task = "route"
-        items.route += _route(meter, scene)
-        meter.task = "organize"
-        items.plans.append(_plan(meter, scene, organize_t, cfg))
-        meter.task = "name"
-        items.name += _name(meter, scene, cfg)
-        meter.task = "judge"
-        items.judge += _judge(meter, scene, validate_t)
+        if "route" in tasks:
+            meter.task = "route"
+            items.route += _route(meter, scene)
+        if "organize" in tasks:
+            meter.task = "organize"
+            items.plans.append(_plan(meter, scene, organize_t, cfg))
+        if "name" in tasks:
+            meter.task = "name"
+            items.name += _name(meter, scene, cfg)
+        if "judge" in tasks:
+            meter.task = "judge"
+            items.judge += _judge(meter, scene, validate_t)
     for p in items.plans:
         result.copies += p.copies
     _decide(result, items, margin)
+    for task in TASKS:
+        if task not in tasks:
+            result.tasks[task] = TaskScore(0.0, 0.0, False, "not measured (backend.gate.tasks)")
     result.seconds = round(time.monotonic() - start, 1)
     return result
 
@@ -526,10 +534,14 @@ def _decide(result: GateResult, items: _Items, margin: float) -> None:
 # -- the cache ---------------------------------------------------------------------------
 
 
-def cache_key(backend: Backend, set_hash: str, prompts: str, scenes: int) -> str:
+def cache_key(
+    backend: Backend, set_hash: str, prompts: str, scenes: int, tasks: tuple[str, ...] = TASKS
+) -> str:
     who = f"{backend.name}\0{backend.model}\0{getattr(backend, 'host', '') or ''}"
     text = f"{who}\0{set_hash}\0{hashlib.sha256(prompts.encode()).hexdigest()}\0{scenes}"
     text += f"\0{SCORING}\0{PROMPT_HASH}"
+    if tuple(tasks) != TASKS:  # a verdict on some tasks is not one on all
+        text += "\0" + ",".join(tasks)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -552,17 +564,20 @@ def _read(path: Path, key: str) -> GateResult | None:
     return res if res.key == key else None
 
 
-def cached(cache_dir: Path, backend: Backend, prompts_dir: Path | None) -> GateResult | None:
+def cached(
+    cache_dir: Path, backend: Backend, prompts_dir: Path | None, tasks: tuple[str, ...] = TASKS
+) -> GateResult | None:
     """The stored result for this backend and model, if it was measured with the same gate
-    set and prompts (editing a prompt means measuring again)."""
-    return _read(cache_file(cache_dir, backend), current_key(backend, prompts_dir))
+    set, prompts and tasks (editing a prompt means measuring again)."""
+    return _read(cache_file(cache_dir, backend), current_key(backend, prompts_dir, tasks))
 
 
-def current_key(backend: Backend, prompts_dir: Path | None) -> str:
-    """The cache key of a full measurement of `backend` with the store's prompts now."""
+def current_key(backend: Backend, prompts_dir: Path | None, tasks: tuple[str, ...] = TASKS) -> str:
+    """The cache key of a full measurement of `backend` (of `tasks`) with the store's
+    prompts now."""
     scenes, set_hash = load_gate_set()
     prompts = load_prompt(prompts_dir, "organize.md") + load_prompt(prompts_dir, "validate.md")
-    return cache_key(backend, set_hash, prompts, len(scenes))
+    return cache_key(backend, set_hash, prompts, len(scenes), tasks)
 
 
 def store_result(cache_dir: Path, backend: Backend, result: GateResult) -> Path:
@@ -581,7 +596,7 @@ def gate_for(
     """The cached verdict for `backend`: the store's, else the user's (measured for the same
     model file by another store: copied into this one), else measured now and kept in both
     (or measured again when `force`)."""
-    key = current_key(backend, prompts_dir)
+    key = current_key(backend, prompts_dir, task_list(config.backend.gate.tasks))
     if not force:
         hit = _read(cache_file(cache_dir, backend), key)
         if hit is not None:
@@ -602,6 +617,7 @@ def gate_for(
         timeout=gate.timeout,
         cfg=config.session,
         total_seconds=gate.total_seconds,
+        tasks=task_list(gate.tasks),
     )
     store_result(cache_dir, backend, res)
     if not res.skipped:  # a measurement cut short is the store's, not every store's
@@ -654,6 +670,7 @@ def backend_verdict(
                 config.backend.gate.timeout,
                 config.session,
                 config.backend.gate.total_seconds,
+                task_list(config.backend.gate.tasks),
             )
             store_result(paths.runtime / "gate", backend, res)
         else:

@@ -123,11 +123,13 @@ class Daemon:
         """The backend for retrieval refinement, only when the gate measured (and cached)
         that it routes better than the lexical router; it is never measured on a query."""
         from clagd.organize.gate import cached
+        from clagd.organize.gate_result import task_list
 
         backend = self.backends.get()
         if backend is None or not self.config.backend.gate.enabled:
             return backend
-        verdict = cached(self.paths.runtime / "gate", backend, self.paths.prompts)
+        gate_dir, tasks = self.paths.runtime / "gate", task_list(self.config.backend.gate.tasks)
+        verdict = cached(gate_dir, backend, self.paths.prompts, tasks)
         return backend if verdict is not None and verdict.allows("route") else None
 
     # -- start -----------------------------------------------------------------------

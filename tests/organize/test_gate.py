@@ -136,6 +136,31 @@ def test_competent_model_passes_and_the_verdict_is_cached(store: Path, fake: Fak
     assert len(fake.chats) == calls + 16
 
 
+def test_the_gate_measures_only_the_tasks_it_is_given(store: Path, fake: FakeOllama) -> None:
+    """`backend.gate.tasks: name`: one naming call per scene and no other; the tasks left
+    out are refused without a call, and the verdict is kept apart from a full one."""
+    fake.default = Competent()
+    cfg, cache = Config(), store / ".clagd" / "gate"
+    cfg.backend.gate.tasks = "name"
+    res = gate_for(_backend(fake), cfg, cache, store / "prompts")
+    assert res.calls == 4 and len(fake.chats) == 4, res.lines()
+    assert res.allows("name") and not res.may_organize()
+    for task in ("route", "organize", "judge"):
+        assert not res.allows(task) and "not measured" in res.tasks[task].why
+    assert gate_for(_backend(fake), cfg, cache, store / "prompts").key == res.key
+    assert len(fake.chats) == 4  # cached
+    full = gate_for(_backend(fake), Config(), cache, store / "prompts")
+    assert full.key != res.key and full.calls == 16 and full.may_organize()
+
+
+def test_a_gate_task_list_naming_an_unknown_task_is_refused(tmp_path: Path) -> None:
+    from clagd.config import ConfigError, load_config
+
+    root = make_store(tmp_path / "s", {"backend": {"gate": {"tasks": "name,spelling"}}})
+    with pytest.raises(ConfigError, match=r"backend\.gate\.tasks.*'name,spelling'"):
+        load_config(root)
+
+
 def test_a_second_store_takes_the_verdict_from_the_user_cache(
     tmp_path: Path, fake: FakeOllama, monkeypatch: pytest.MonkeyPatch
 ) -> None:
