@@ -81,30 +81,37 @@ class Commits(Refs):
         Returns the new commit, or None when nothing changed."""
         paths = sorted(set(paths))
         self.check_not_paused()
-        if paths:
+        fsync = flush is None
+        if not fsync:
+            mark_unsynced(self.gitdir)
+        try:
+            if paths:
+                try:
+                    self._stage(paths, fsync=fsync)
+                except GitFailed:
+                    self.check_index_flags(paths)  # the clear reason, when it is that
+                    raise
+            parent = self.base
+            self._built_entries = None
+            tree = self.build_tree(parent, paths, fsync=fsync)
+            if expected:
+                try:
+                    self._check_tree(tree, expected)
+                except HeadMoved:
+                    self.check_index_flags(sorted(expected))  # git did not see the change
+                    raise
+            if not allow_empty and parent is not None and tree == self._tree_of(parent):
+                return None
+            msg = format_message(subject, body, trailers)
+            new = self._commit_object(tree, parent, msg, fsync=fsync)
+        finally:
             if flush is not None:
-                mark_unsynced(self.gitdir)
-            try:
-                self._stage(paths, fsync=flush is None)
-            except GitFailed:
-                self.check_index_flags(paths)  # the clear reason, when it is that
-                raise
-        if flush is not None:
-            flush()
-            # syncfs (or sync) flushed every object written since the mark, a failed add's too
-            (self.gitdir / UNSYNCED).unlink(missing_ok=True)
-        parent = self.base
-        self._built_entries = None
-        tree = self.build_tree(parent, paths)
-        if expected:
-            try:
-                self._check_tree(tree, expected)
-            except HeadMoved:
-                self.check_index_flags(sorted(expected))  # git did not see the change
-                raise
-        if not allow_empty and parent is not None and tree == self._tree_of(parent):
-            return None
-        return self.commit_tree(tree, parent, format_message(subject, body, trailers))
+                # syncfs (or sync) flushes every object written since the mark (blobs,
+                # trees, the commit; a failed command's too) before any ref names them
+                flush()
+                (self.gitdir / UNSYNCED).unlink(missing_ok=True)
+        self.update_branch(new, parent, msg.splitlines()[0])
+        return new
 
     def _check_tree(self, tree: str, expected: dict[str, str | None]) -> None:
         built = self._built_entries
@@ -157,12 +164,15 @@ class Commits(Refs):
             del trees[next(iter(trees))]
         trees[commit] = tree
 
-    def build_tree(self, parent: str | None, paths: list[str]) -> str:
+    def build_tree(self, parent: str | None, paths: list[str], fsync: bool = True) -> str:
         """`parent`'s tree with `paths` as the index holds them (absent there: removed).
         The scratch index is read from `parent` only when it does not hold its tree already
-        (see the module's docstring)."""
+        (see the module's docstring). Without `fsync`, the trees are written without git's
+        fsync (the caller flushes them before a ref names them); the scratch index never
+        needs one (it is made again from the base when it is not what was kept)."""
         build = self.gitdir / BUILD_INDEX
         env = {"GIT_INDEX_FILE": str(build)}
+        nosync = ("-c", "core.fsync=none")
         kept, self._scratch = self._scratch, None
         try:
             want = self._tree_of(parent) if parent is not None else None
@@ -186,13 +196,18 @@ class Commits(Refs):
                 entries += [f"0 {ZERO}\t{p}" for p in gone]
                 built.update(dict.fromkeys(gone))
                 self.run(
+                    *nosync,
                     "update-index",
                     "-z",
                     "--index-info",
                     env=env,
                     istream=Stdin("\0".join(entries) + "\0"),
                 )
-            tree = self.run("write-tree", env=env).strip()
+            # --missing-ok: no lookup of every entry's object (a stat of each loose object:
+            # ~40 ms at 4,500 clusters); the entries are the base's tree and what `git add`
+            # has just written, and `_check_tree` compares the daemon's paths with their blobs
+            tree = self.run(*(() if fsync else nosync), "write-tree", "--missing-ok", env=env)
+            tree = tree.strip()
         except BaseException:
             build.unlink(missing_ok=True)
             raise
@@ -229,9 +244,14 @@ class Commits(Refs):
         self.run(*fs, "add", "-A", "--", *paths)
 
     def commit_tree(self, tree: str, parent: str | None, msg: str) -> str:
+        new = self._commit_object(tree, parent, msg)
+        self.update_branch(new, parent, msg.splitlines()[0])
+        return new
+
+    def _commit_object(self, tree: str, parent: str | None, msg: str, fsync: bool = True) -> str:
         self.check_not_paused()
         args = ["commit-tree", tree] + (["-p", parent] if parent else [])
-        new = self.run(*args, istream=Stdin(msg)).strip()
+        fs = () if fsync else ("-c", "core.fsync=none")
+        new = self.run(*fs, *args, istream=Stdin(msg)).strip()
         self._remember_tree(new, tree)
-        self.update_branch(new, parent, msg.splitlines()[0])
         return new

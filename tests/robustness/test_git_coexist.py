@@ -188,13 +188,15 @@ def test_a_commit_never_lands_on_a_head_it_has_not_loaded(
         real = GitStore.build_tree
         raced: list[str] = []
 
-        def person_commits_first(self: GitStore, parent: str | None, paths: list[str]) -> str:
+        def person_commits_first(
+            self: GitStore, parent: str | None, paths: list[str], fsync: bool = True
+        ) -> str:
             if not raced:
                 (store / "person.txt").write_text("a person's file\n")
                 git(store, "add", "person.txt")
                 git(store, "commit", "-qm", "the person's commit", "--", "person.txt")
                 raced.append(git(store, "rev-parse", "HEAD").strip())
-            return real(self, parent, paths)
+            return real(self, parent, paths, fsync)
 
         monkeypatch.setattr(GitStore, "build_tree", person_commits_first)
         res = eng.ingest([Item("raced with a person", None, {})], "test")

@@ -95,11 +95,13 @@ def test_a_person_sweeping_the_daemons_files_into_their_commit(
         real = GitStore.build_tree
         swept: list[bool] = []
 
-        def person_commits_everything(self: GitStore, parent: str | None, paths: list[str]) -> str:
+        def person_commits_everything(
+            self: GitStore, parent: str | None, paths: list[str], fsync: bool = True
+        ) -> str:
             if not swept:
                 git(store, "commit", "-qam", "the person's commit -a")
                 swept.append(True)
-            return real(self, parent, paths)
+            return real(self, parent, paths, fsync)
 
         monkeypatch.setattr(GitStore, "build_tree", person_commits_everything)
         res = eng.ingest([Item("swept into the person's commit", None, {})], "test")

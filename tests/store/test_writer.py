@@ -100,17 +100,20 @@ def _git_argvs(trace: Path, sub: str) -> list[list[str]]:
     return out
 
 
-def test_one_syncfs_after_git_add_and_before_the_commit(
+def test_one_syncfs_after_the_objects_and_before_the_branch_moves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`git add` writes its objects without an fsync each; the writer's one syncfs runs after
-    it, when the new blobs exist and no commit refers to them yet; `git commit` keeps git's
-    own fsync (and so does the compare-and-swap `update-ref`). Without syncfs, `git add` fsyncs its objects itself."""
+    """`git add`, `write-tree` and `commit-tree` write their objects without an fsync each;
+    the writer's one syncfs runs after them, when the new blobs, trees and commit exist and
+    no ref names them yet; the compare-and-swap `update-ref` keeps git's own fsync. Without
+    syncfs, git fsyncs its objects itself."""
     root = make_store(tmp_path / "m")
     trace = tmp_path / "trace2.jsonl"
     monkeypatch.setenv("GIT_TRACE2_EVENT", str(trace))
     real_syncfs = writer_mod.syncfs
     at_syncfs: list[tuple[str, list[str]]] = []
+
+    loose_at_syncfs: set[str] = set()
 
     def syncfs_seeing_the_store(path: Path) -> bool:
         staged = git(root, "ls-files", "-s", "--", "unsorted").split()
@@ -118,6 +121,10 @@ def test_one_syncfs_after_git_add_and_before_the_commit(
         for blob in blobs:  # raises if git add had not written it
             git(root, "cat-file", "-e", blob)
         at_syncfs.append((git(root, "rev-parse", "HEAD").strip(), blobs))
+        objects = root / ".git" / "objects"
+        loose_at_syncfs.update(
+            f.parent.name + f.name for f in objects.glob("??/*") if len(f.parent.name) == 2
+        )
         return real_syncfs(path)
 
     monkeypatch.setattr(writer_mod, "syncfs", syncfs_seeing_the_store)
@@ -132,10 +139,13 @@ def test_one_syncfs_after_git_add_and_before_the_commit(
         assert head_then == head  # the commit came after the syncfs
         shard = git(root, "ls-tree", "-r", "HEAD", "--", "unsorted").split()
         assert [w for w in shard if len(w) == 40] == blobs  # what was flushed is committed
+        new = git(root, "rev-parse", "HEAD", "HEAD^{tree}").split()
+        assert set(new) <= loose_at_syncfs  # the commit and its tree were there to flush
         adds, commits = _git_argvs(trace, "add"), _git_argvs(trace, "commit-tree")
-        refs = _git_argvs(trace, "update-ref")
+        trees, refs = _git_argvs(trace, "write-tree"), _git_argvs(trace, "update-ref")
         assert len(adds) == 1 and "core.fsync=none" in adds[0]
-        assert len(commits) == 1 and "core.fsync=none" not in commits[0]
+        assert len(trees) == 1 and "core.fsync=none" in trees[0]
+        assert len(commits) == 1 and "core.fsync=none" in commits[0]
         assert len(refs) == 1 and "core.fsync=none" not in refs[0]
         assert git(root, "config", "core.fsync").strip() == "all"
 
@@ -145,6 +155,8 @@ def test_one_syncfs_after_git_add_and_before_the_commit(
         assert len(at_syncfs) == 1
         adds = _git_argvs(trace, "add")
         assert len(adds) == 1 and "core.fsync=none" not in adds[0]
+        for cmd in ("write-tree", "commit-tree"):  # git's own fsync for what a ref names
+            assert all("core.fsync=none" not in argv for argv in _git_argvs(trace, cmd))
         assert "flushed file by file" in [
             m.content for m, _a, _k in load_state(root).all_memories()
         ]
