@@ -47,11 +47,17 @@ class OutsideEdits:
         take in any difference. None when there is none, or it is the same broken state
         already reported."""
         head = ctx.git.head()
-        ctx.check_no_staged()  # staged changes are the person's (or a failed git's): no edit
-        self._reidentify_committed_edits(ctx)
+        if ctx.w.branch.reidentify_paths:
+            # staged changes are the person's (or a failed git's): no file of theirs is
+            # rewritten for new ids while they are
+            ctx.check_no_staged()
+            self._reidentify_committed_edits(ctx)
         # only memory files: an editor's swap file or a backup is never read or committed
         listed, staged = ctx.git.dirty_and_staged(DATA_DIRS)
-        ctx.refuse_staged(staged)  # staged since the check above: still the person's
+        # the status's index column is `git diff --cached HEAD` of the same folders: one git
+        # command checks both (the commit later in this operation relies on it)
+        ctx.refuse_staged(staged)
+        ctx.staged_checked()
         dirty = [p for p in listed if is_data_path(p)]
         moved = head != known_head
         if not moved and not dirty:

@@ -113,6 +113,11 @@ class WriteContext:
         self.refuse_staged(self.git.staged_paths(DATA_DIRS))
         self._staged_checked = True
 
+    def staged_checked(self) -> None:
+        """Nothing is staged in the memory folders: `refuse_staged` passed on a `git status`
+        of them run in this operation (its index column), so the commit need not ask again."""
+        self._staged_checked = True
+
     @staticmethod
     def refuse_staged(paths: list[str]) -> None:
         """Raise Paused naming the first of `paths` that is a memory file, if any."""
