@@ -24,7 +24,7 @@ class IngestBatch:
 
 
 # cluster files one route-pass slice rewrites at most (one commit each; writes between)
-ROUTE_SLICE_CLUSTERS = 100
+ROUTE_SLICE_CLUSTERS = 40
 
 
 @dataclass(frozen=True)

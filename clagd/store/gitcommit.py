@@ -216,7 +216,7 @@ class Commits(Refs):
         return tree
 
     def _stage(self, paths: list[str], fsync: bool) -> None:
-        """`git add -A` of exactly these paths (a deleted file is staged as deleted). A file
+        """Stage exactly these paths (a deleted file is staged as deleted). A file
         the daemon wrote that was never committed and is gone now (a person's `git clean`
         removed it mid-write) fails the commit with a clear StoreError: committing without
         it would acknowledge memories that are nowhere."""
@@ -241,7 +241,17 @@ class Commits(Refs):
         # uncompressed loose objects: half of `git add`'s time for a route pass's ~500
         # files; the daemon's `git gc --auto` packs (and compresses) them (store/packing.py)
         fs = ("-c", "core.looseCompression=0") + (() if fsync else ("-c", "core.fsync=none"))
-        self.run(*fs, "add", "-A", "--", *paths)
+        # `update-index --add --remove` of exactly these files: what `git add -A -- paths`
+        # stages, without `add`'s scan of their folders for untracked files matching the
+        # paths (`clusters/` is one flat folder: 38-118 ms for one file at 11k clusters,
+        # against 18-20 ms), and whatever a .gitignore of the person's says. A file the
+        # person marked skip-worktree is left as the index has it (not staged as deleted,
+        # as --remove would): the commit then lacks the change and `check_index_flags`
+        # names the flag
+        self.run(
+            *fs, "update-index", "--add", "--remove", "--ignore-skip-worktree-entries",
+            "-z", "--stdin", istream=Stdin("\0".join(paths) + "\0"),
+        )  # fmt: skip
 
     def commit_tree(self, tree: str, parent: str | None, msg: str) -> str:
         new = self._commit_object(tree, parent, msg)

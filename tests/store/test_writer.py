@@ -100,10 +100,17 @@ def _git_argvs(trace: Path, sub: str) -> list[list[str]]:
     return out
 
 
+def _staging(trace: Path) -> list[list[str]]:
+    """The argv of each git command that staged the daemon's files (`update-index --add`;
+    the scratch index's `update-index --index-info` is not one)."""
+    return [argv for argv in _git_argvs(trace, "update-index") if "--add" in argv]
+
+
 def test_one_syncfs_after_the_objects_and_before_the_branch_moves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`git add`, `write-tree` and `commit-tree` write their objects without an fsync each;
+    """Staging (`update-index --add`), `write-tree` and `commit-tree` write their objects
+    without an fsync each;
     the writer's one syncfs runs after them, when the new blobs, trees and commit exist and
     no ref names them yet; the compare-and-swap `update-ref` keeps git's own fsync. Without
     syncfs, git fsyncs its objects itself."""
@@ -141,7 +148,7 @@ def test_one_syncfs_after_the_objects_and_before_the_branch_moves(
         assert [w for w in shard if len(w) == 40] == blobs  # what was flushed is committed
         new = git(root, "rev-parse", "HEAD", "HEAD^{tree}").split()
         assert set(new) <= loose_at_syncfs  # the commit and its tree were there to flush
-        adds, commits = _git_argvs(trace, "add"), _git_argvs(trace, "commit-tree")
+        adds, commits = _staging(trace), _git_argvs(trace, "commit-tree")
         trees, refs = _git_argvs(trace, "write-tree"), _git_argvs(trace, "update-ref")
         assert len(adds) == 1 and "core.fsync=none" in adds[0]
         assert len(trees) == 1 and "core.fsync=none" in trees[0]
@@ -153,7 +160,7 @@ def test_one_syncfs_after_the_objects_and_before_the_branch_moves(
         trace.unlink()
         eng.ingest([Item("flushed file by file", None, {})], "test")
         assert len(at_syncfs) == 1
-        adds = _git_argvs(trace, "add")
+        adds = _staging(trace)
         assert len(adds) == 1 and "core.fsync=none" not in adds[0]
         for cmd in ("write-tree", "commit-tree"):  # git's own fsync for what a ref names
             assert all("core.fsync=none" not in argv for argv in _git_argvs(trace, cmd))
