@@ -126,7 +126,10 @@ class EnginePipeline:
         self.config = copy.deepcopy(config)
         self.config.backend.kind = backend
         root, _ = init_store(Path(self._tmp.name) / "store")
-        runner = engine_session_runner(BackendManager(self.config))
+        # closed with the pipeline: a llama.cpp model is a worker process of ~2 GB, and one
+        # per conversation was left running (and busy) after its conversation was done
+        self.backends = BackendManager(self.config)
+        runner = engine_session_runner(self.backends)
         self.engine = Engine(
             root, self.config, start=True, hooks=EngineHooks(session_runner=runner)
         )
@@ -153,6 +156,7 @@ class EnginePipeline:
         try:
             self.engine.close()
         finally:
+            self.backends.close()
             self._tmp.cleanup()
 
 

