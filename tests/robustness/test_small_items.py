@@ -108,6 +108,25 @@ def test_a_flagged_memory_file_gives_a_clear_message(daemon: InProcessDaemon, fl
         assert c.recluster()["status"] in ("accepted", "fallback", "noop")
 
 
+def test_a_gitignore_of_the_persons_does_not_stop_memory_files(daemon: InProcessDaemon) -> None:
+    """A person's `.gitignore` that matches the memory files (`*.yaml`): `git add` of a new
+    one refused ("paths are ignored"), so no new cluster or shard could be committed.
+    The daemon stages exactly its files with `update-index`, whatever the ignore rules."""
+    root = daemon.root
+    (root / ".gitignore").write_text("*.yaml\n")
+    git(root, "add", ".gitignore")
+    git(root, "commit", "-qm", "the person's ignore rules")
+    with daemon.client() as c:
+        c.add_many([{"content": f"espresso grinder burr setting {i}"} for i in range(6)])
+        assert c.recluster()["status"] in ("accepted", "fallback")
+        c.add("a memory after the clusters were made")
+    contents = head_contents(root)
+    assert len(contents) == 7 and "a memory after the clusters were made" in contents
+    tracked = git(root, "ls-files", "--", "clusters", "unsorted").split()
+    assert any(p.startswith("clusters/") for p in tracked)
+    assert git(root, "status", "--porcelain", "--ignored", "--", "clusters", "unsorted") == ""
+
+
 @pytest.mark.parametrize("remote", ["-oProxyCommand=x", "--upload-pack=touch /tmp/x", "a b"])
 def test_a_remote_that_git_would_read_as_an_option_is_refused(tmp_path: Path, remote: str) -> None:
     store = make_store(tmp_path / "memory", {"replication": {"remote": remote}})
