@@ -617,6 +617,7 @@ class Engine(ForgetOps, RouteOps):
             outcome = runner(self, trigger=trigger, backend=backend, scope=scope)
         self.last_session = outcome
         self.counters["sessions"] += 1
+        self.counters["named"] += outcome.named
         key = f"sessions_{outcome.status}"
         if key in self.counters:
             self.counters[key] += 1

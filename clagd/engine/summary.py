@@ -33,6 +33,7 @@ COUNTERS = (
     "routed",
     "route_passes",
     "route_failures",
+    "named",  # clusters whose profile a model wrote (the gate let it name, not group)
 )
 
 

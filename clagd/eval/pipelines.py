@@ -61,6 +61,7 @@ def organization_of(status: dict[str, Any]) -> dict[str, int]:
         "sessions": int(counters.get("sessions", 0)),
         "route_passes": int(counters.get("route_passes", 0)),
         "routed": int(counters.get("routed", 0)),
+        "named": int(counters.get("named", 0)),  # cluster profiles a model wrote
         "clusters": int(counts.get("clusters", 0)),
         "unsorted": int(counts.get("unsorted", 0)),
         "memories": int(counts.get("memories", 0)),

@@ -216,3 +216,27 @@ def test_a_naming_call_shows_one_scopes_memories(store: Path, fake: FakeOllama) 
             assert c.name.startswith("model named"), c.name
     finally:
         e.close()
+
+
+def test_a_model_measured_only_as_a_namer_names_the_lexical_clusters(
+    eng: Engine, fake: FakeOllama
+) -> None:
+    """`backend.gate.tasks: name` (how the 1.5B model was measured for issue 27): the gate
+    makes only its naming calls, allows naming, and a session through the engine takes
+    the lexical grouping with the model's profiles; `status` counts the clusters it named
+    (the eval reports them as `organization.named`)."""
+    competent = Competent()
+
+    def answer(req: dict[str, Any]) -> dict[str, Any]:
+        props = (req.get("format") or {}).get("properties", {})
+        session = any(t in str(req) for pair in TOPICS for t in pair)  # not the gate's scenes
+        return profiles(req) if "groups" in props and session else competent(req)
+
+    fake.default = answer
+    eng.config.backend.gate.tasks = "name"
+    out = eng.recluster("manual")
+    assert out.status == "accepted", out.reasons
+    assert not any(r.get("format", {}).get("properties", {}).get("assign") for r in fake.chats)
+    assert out.named == len(TOPICS), out.reasons
+    assert all(c.name.startswith("model named ") for c in eng.state.clusters.values())
+    assert eng.status().counters["named"] == len(TOPICS)
