@@ -202,14 +202,7 @@ class Scorer:
     def soon(self, shard: str, mems: list[Memory], index: Index) -> None:
         """Score `mems` (the shard's memories) on `index` (the snapshot the batch's commit
         published)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                1, thread_name_prefix="clagd-route-score", initializer=self._on_start
-            )
-        try:
-            self._last = self._pool.submit(self._score, shard, mems, index)
-        except RuntimeError:  # closing: the pass scores them itself
-            pass
+        self._submit(self._score, shard, mems, index)  # closing: the pass scores them itself
 
     def _score(self, shard: str, mems: list[Memory], index: Index) -> None:
         if not mems or not self.routes.is_waiting(shard):
@@ -225,12 +218,16 @@ class Scorer:
         """Score `need` for the pass in progress on this thread, then `then(scored)` (which
         queues the pass's next op; `scored` False: the scoring failed, the op scores them
         itself). False when closing: nothing was queued."""
+        return self._submit(self._for_pass, need, then)
+
+    def _submit(self, fn: Callable[..., None], *args: object) -> bool:
+        """Run `fn(*args)` on the scoring thread; False when closing (nothing runs)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 1, thread_name_prefix="clagd-route-score", initializer=self._on_start
             )
         try:
-            self._last = self._pool.submit(self._for_pass, need, then)
+            self._last = self._pool.submit(fn, *args)
         except RuntimeError:
             return False
         return True
