@@ -1,8 +1,8 @@
 """Commits built with plumbing, on top of the daemon's base and nothing else.
 
-`git add` stages exactly the daemon's paths; a scratch index (`.git/clagd-build-index`)
-holds the base commit's tree with those paths as the index has them (nothing else the
-person staged), `write-tree` and `commit-tree` make the commit, and `Refs.update_branch`
+`update-index --add --remove` stages exactly the daemon's paths; a scratch index
+(`.git/clagd-build-index`) holds the base commit's tree with those paths as the index has
+them (nothing else the person staged), `write-tree` and `commit-tree` make the commit, and `Refs.update_branch`
 moves the branch by compare-and-swap.
 
 The scratch index is kept between commits: after `write-tree` it holds exactly the tree it
@@ -69,10 +69,10 @@ class Commits(Refs):
         ours never lands on a HEAD the daemon has not loaded (a reset, rebase, amend or a
         person's commit in between raises HeadMoved, and the caller reloads and retries).
 
-        With `flush`, `git add` writes its objects without an fsync each (core.fsync=none)
-        and `flush()` is called after it, before the commit is made: it must make them
-        durable (the writer's one syncfs per commit), so that no commit refers to an object
-        that a power loss could take. The commit object, trees and ref keep git's own fsync.
+        With `flush`, staging, `write-tree` and `commit-tree` write their objects without an
+        fsync each (core.fsync=none) and `flush()` is called after them, before the branch
+        is moved: it must make them durable (the writer's one syncfs per commit), so that no
+        ref names an object that a power loss could take. `update-ref` keeps git's fsync.
 
         `expected`: the blob each path must have in the commit (None: absent). When a git
         command of the person's (stash, reset, checkout of a file) changed a file between
