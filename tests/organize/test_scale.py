@@ -215,9 +215,9 @@ def test_session_splits_hand_committed_cluster_while_writes_go_on(tmp_path: Path
     )
 
 
-def test_route_pass_goes_in_slices_of_bounded_clusters(tmp_path: Path) -> None:
-    """A burst bound for more clusters than one slice rewrites is routed in several route
-    commits of at most `ROUTE_SLICE_CLUSTERS` cluster files each, all of it in the end."""
+def _many_small_clusters(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A committed store of ROUTE_SLICE_CLUSTERS + 30 three-memory clusters, each of its own
+    six words (returned: a memory of them is routed into that cluster), route pass waiting."""
     n = ROUTE_SLICE_CLUSTERS + 30
     store = make_store(
         tmp_path / "s", {"ingest": {"route_inline_max": 1, "route_delay_seconds": 60}}
@@ -228,6 +228,13 @@ def test_route_pass_goes_in_slices_of_bounded_clusters(tmp_path: Path) -> None:
         write_cluster(Paths(store), Cluster(f"c-{k:08x}", f"topic {VOCAB[k]}", memories=mems))
     git(store, "add", "-A")
     git(store, "commit", "-qm", "hand: many small clusters")
+    return store, topics
+
+
+def test_route_pass_goes_in_slices_of_bounded_clusters(tmp_path: Path) -> None:
+    """A burst bound for more clusters than one slice rewrites is routed in several route
+    commits of at most `ROUTE_SLICE_CLUSTERS` cluster files each, all of it in the end."""
+    store, topics = _many_small_clusters(tmp_path)
     eng = Engine(store)
     try:
         res = eng.add([{"content": f"{words} again"} for words in topics])
@@ -259,16 +266,8 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
     from clagd.engine.routing import ROUTE_SCORE_INLINE
     from clagd.retrieval.index import Index
 
-    n = ROUTE_SLICE_CLUSTERS + 30
-    store = make_store(
-        tmp_path / "s", {"ingest": {"route_inline_max": 1, "route_delay_seconds": 60}}
-    )
-    topics = [" ".join(VOCAB[6 * k : 6 * k + 6]) for k in range(n)]
-    for k, words in enumerate(topics):
-        mems = [Memory.new(f"{words} {VOCAB[2000 + 3 * k + i]}", at(k + i)) for i in range(3)]
-        write_cluster(Paths(store), Cluster(f"c-{k:08x}", f"topic {VOCAB[k]}", memories=mems))
-    git(store, "add", "-A")
-    git(store, "commit", "-qm", "hand: many small clusters")
+    store, topics = _many_small_clusters(tmp_path)
+    n = len(topics)
     eng = Engine(store)
     calls: list[tuple[int, str]] = []
     real_route_many, real_route_shards = Index.route_many, route_ops.route_shards
