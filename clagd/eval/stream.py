@@ -119,7 +119,9 @@ class DaemonPipeline:
         except OSError:
             return ""
 
-    def _poll(self, what: str, cond: Any) -> Any:
+    def _poll(self, what: str, cond: Any, busy: Any = None) -> Any:
+        """Until `cond()` answers; the deadline counts from the last time `busy()` (checked
+        after each `cond()`) said the daemon was at work."""
         end = time.monotonic() + self.deadline
         while True:
             if self.proc.poll() is not None:
@@ -130,6 +132,8 @@ class DaemonPipeline:
             value = cond()
             if value:
                 return value
+            if busy is not None and busy():
+                end = time.monotonic() + self.deadline
             if time.monotonic() > end:
                 raise DaemonError(f"timed out after {self.deadline:.0f}s waiting for {what}")
             time.sleep(POLL_SECONDS)
@@ -146,13 +150,17 @@ class DaemonPipeline:
         self._poll("the daemon to answer ping", ping)
 
     def wait_idle(self) -> dict[str, Any]:
-        """Poll `status` until the daemon is idle; returns that status."""
+        """Poll `status` until the daemon is idle; returns that status. A session running
+        is work in progress (a model's may take longer than the deadline, which then counts
+        from its end): the wait gives up only on a daemon idle in nothing but name."""
+        running = [False]
 
         def idle() -> dict[str, Any] | None:
             st = self.client.status().raw
+            running[0] = bool(st.get("activity", {}).get("session_running"))
             return st if is_idle(st, self.dropped) else None
 
-        st: dict[str, Any] = self._poll("the daemon to become idle", idle)
+        st: dict[str, Any] = self._poll("the daemon to become idle", idle, busy=lambda: running[0])
         rejected = st.get("inbox", {}).get("files_rejected", 0)
         if rejected:
             raise DaemonError(f"the daemon rejected {rejected} inbox file(s):\n{self._log_tail()}")

@@ -188,3 +188,30 @@ def test_a_run_in_a_scope_scores_as_the_default_one(tmp_path, protocol):
         for baseline in ("flat_bm25", "recency"):  # they answer with the scope's ids too
             assert scoped[baseline][key] == plain[baseline][key]
     assert plain["clagd"]["recall@10"] > 0 and plain["flat_bm25"]["recall@10"] > 0
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="LoCoMo dev file not available")
+def test_a_model_session_longer_than_the_deadline_is_waited_for(tmp_path, fake):
+    """A model's session may run longer than the eval's deadline (the 1.5B model named one
+    conversation's clusters for 16 minutes; the stream eval gave up after 300 s): while a
+    session runs the wait goes on, and the deadline counts from its end."""
+    from competent import Competent
+
+    from clagd.config import Config
+    from clagd.eval.stream import DaemonPipeline
+
+    competent = Competent()
+    fake.default = lambda req: {"content": competent(req)["content"], "delay": 2.5}
+    config = Config()
+    config.backend.ollama.host = fake.url
+    config.backend.gate.enabled = False  # trusted: it plans and names, every call slow
+    path = _small_file(tmp_path, sessions=2, questions=1)
+    turns = conversation_turns(json.loads(path.read_text())[0])
+    pipe = DaemonPipeline(config, "ollama", deadline=4.0)
+    try:
+        pipe.ingest(turns)
+        st = pipe.client.status().raw
+        assert st["counters"]["sessions"] >= 1 and len(fake.chats) >= 2
+        assert st["last_session"]["seconds"] > 4.0, st["last_session"]
+    finally:
+        pipe.close()
