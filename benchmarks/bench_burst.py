@@ -11,7 +11,10 @@ Prints memories/s (ingest, and until routed), each writer operation's holds, the
 time on the git thread and each git command's time (count, sum, mean, max).
 
     python benchmarks/bench_burst.py [--sizes 10000,40000] [--burst 2000] [--batch 200]
-        [--adds] [--profile]
+        [--adds] [--idle N] [--profile]
+
+`--idle N`: N adds one after the other before the burst, nothing else running (what one
+`add` costs on the store: its p50/p99 and its commit's time on the git thread).
 """
 
 from __future__ import annotations
@@ -98,6 +101,24 @@ class Timings:
             self._undo.pop()()
 
 
+def idle_adds(eng: Engine, k: int) -> tuple[float, float, float, float]:
+    """`k` adds one after the other with nothing else running (after 3 to warm up): p50,
+    p99 and max of each add, and the mean of its commit on the git thread (ms)."""
+    for i in range(3):
+        eng.add([{"content": f"bench warm-up add {i}: the user noted item {i}"}])
+    t = Timings(profile=False)
+    t.install()
+    lat = []
+    try:
+        for i in range(k):
+            start = time.perf_counter()
+            eng.add([{"content": f"bench idle add {i}: the user noted thing {i} for later"}])
+            lat.append((time.perf_counter() - start) * 1000)
+    finally:
+        t.uninstall()
+    return pct(lat, 0.5), pct(lat, 0.99), max(lat), sum(t.commits) / max(1, len(t.commits))
+
+
 def run_size(n: int, a: argparse.Namespace, t: Timings) -> dict[str, Any]:
     texts = memories(n + a.burst, seed=5)
     src = built_store(Path(a.cache), n, texts[:n])
@@ -118,6 +139,8 @@ def run_size(n: int, a: argparse.Namespace, t: Timings) -> dict[str, Any]:
             i += 1
 
     th = threading.Thread(target=adder) if a.adds else None
+    if a.idle:
+        out["idle"] = idle_adds(eng, a.idle)
     t.install()
     try:
         if th is not None:
@@ -152,6 +175,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=200)
     ap.add_argument("--adds", action="store_true")
+    ap.add_argument("--idle", type=int, default=0, help="idle adds timed before the burst")
     ap.add_argument("--cache", default="/tmp/clagd-holds-cache")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--top", type=int, default=30)
@@ -163,6 +187,12 @@ def main() -> None:
         print(f"\n## {n} memories, {r['clusters']} clusters, burst {a.burst} in {a.batch}s")
         print(f"  ingest {r['ingest_per_s']:.0f} memories/s, until routed {r['routed_per_s']:.0f}")
         print(f"  routed {r['routed']}")
+        if "idle" in r:
+            p50, p99, most, commit = r["idle"]
+            print(
+                f"  idle adds: n={a.idle} p50 {p50:.0f} p99 {p99:.0f} max {most:.0f} ms,"
+                f" git-thread commit mean {commit:.0f} ms"
+            )
         if "adds" in r:
             k, p50, p99, most = r["adds"]
             print(f"  adds beside: n={k} p50 {p50:.0f} p99 {p99:.0f} max {most:.0f} ms")
