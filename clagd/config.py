@@ -65,6 +65,17 @@ class OpenAIConfig:
     response_format: ResponseFormat = "auto"  # json_object: llama-cpp-python's server
 
 
+# the competence gate's tasks (`backend.gate.tasks` names some of them)
+GATE_TASKS = ("route", "organize", "name", "judge")
+
+
+def gate_tasks(text: str) -> tuple[str, ...]:
+    """`backend.gate.tasks` ("route,organize,name,judge") as the known tasks it names, in
+    GATE_TASKS order."""
+    named = {t.strip() for t in str(text).split(",")}
+    return tuple(t for t in GATE_TASKS if t in named)
+
+
 @dataclass
 class GateConfig:
     enabled: bool = True  # measure each model before it may organize; off: trust every model

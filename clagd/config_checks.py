@@ -82,12 +82,13 @@ def check_backend(c: _Checker) -> None:
     g = _Checker(c.s.gate, c.prefix + ".gate", c.source)
     g.at_least(0, "margin")
     g.above(0, "timeout", "total_seconds")
-    from clagd.organize.gate_result import TASKS, task_list
+    from clagd.config import GATE_TASKS, gate_tasks
 
     named = [t.strip() for t in str(c.s.gate.tasks).split(",") if t.strip()]
-    wrong = [t for t in named if t not in TASKS]
-    if wrong or not task_list(c.s.gate.tasks):
-        g.fail("tasks", f"a comma-separated list of {', '.join(TASKS)} (got {c.s.gate.tasks!r})")
+    wrong = [t for t in named if t not in GATE_TASKS]
+    if wrong or not gate_tasks(c.s.gate.tasks):
+        listed = ", ".join(GATE_TASKS)
+        g.fail("tasks", f"a comma-separated list of {listed} (got {c.s.gate.tasks!r})")
 
 
 def check_session(c: _Checker) -> None:

@@ -39,12 +39,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast, get_args
 
+from clagd.config import GATE_TASKS as TASKS
 from clagd.config import BackendKind, Config, SessionConfig
+from clagd.config import gate_tasks as task_list
 from clagd.errors import BackendError, ClagdError
 from clagd.model import Cluster, Memory
 from clagd.organize.examples import copied, prompt_examples
 from clagd.organize.gate_cache import model_identity, user_gate_dir, write_json
-from clagd.organize.gate_result import TASKS, GateResult, TaskScore, task_list
+from clagd.organize.gate_result import GateResult, TaskScore
 from clagd.organize.gate_stats import accuracy, balanced, bootstrap, pair_f1_of
 from clagd.organize.lexical import organize
 from clagd.organize.naming import (

@@ -7,14 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-TASKS = ("route", "organize", "name", "judge")
-
-
-def task_list(text: str) -> tuple[str, ...]:
-    """`backend.gate.tasks` ("route,organize,name,judge") as the known tasks it names, in
-    TASKS order."""
-    named = {t.strip() for t in str(text).split(",")}
-    return tuple(t for t in TASKS if t in named)
+from clagd.config import GATE_TASKS as TASKS
 
 
 @dataclass

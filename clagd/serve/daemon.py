@@ -122,8 +122,8 @@ class Daemon:
     def _router(self) -> Backend | None:
         """The backend for retrieval refinement, only when the gate measured (and cached)
         that it routes better than the lexical router; it is never measured on a query."""
+        from clagd.config import gate_tasks as task_list
         from clagd.organize.gate import cached
-        from clagd.organize.gate_result import task_list
 
         backend = self.backends.get()
         if backend is None or not self.config.backend.gate.enabled:

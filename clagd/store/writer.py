@@ -114,8 +114,7 @@ class WriteContext:
         self._staged_checked = True
 
     def staged_checked(self) -> None:
-        """Nothing is staged in the memory folders: `refuse_staged` passed on a `git status`
-        of them run in this operation (its index column), so the commit need not ask again."""
+        """`refuse_staged` passed on this operation's `git status`: the commit need not ask."""
         self._staged_checked = True
 
     @staticmethod
