@@ -556,13 +556,15 @@ class Engine(ForgetOps, RouteOps):
         writes are paused (the person's git holds the store) nothing is taken in: queries
         go on with the last good state, and `status.paused` says why."""
         try:
-            result: OutsideChange | None = self.writer.call(self._outside_op)
+            result: OutsideChange | None = self.writer.call(self._outside_op, True)
         except Paused as exc:
             return OutsideChange(False, paused=str(exc))
         return result
 
-    def _outside_op(self, ctx: WriteContext) -> OutsideChange | None:
-        change = self.outside.take_in(ctx, self.head)
+    def _outside_op(self, ctx: WriteContext, full: bool = False) -> OutsideChange | None:
+        """Take in an outside change (`full`: ask git whatever the watch of the memory
+        folders says, as housekeeping and sessions do)."""
+        change = self.outside.take_in(ctx, self.head, full)
         if change is None:
             return None
         if not change.ok:

@@ -42,23 +42,17 @@ class OutsideEdits:
         self.blocked: set[str] = set()  # clusters whose file holds a broken hand edit
         self._sig: tuple[str | None, tuple[tuple[str, float], ...]] | None = None
 
-    def take_in(self, ctx: WriteContext, known_head: str | None) -> OutsideChange | None:
+    def take_in(
+        self, ctx: WriteContext, known_head: str | None, full: bool = False
+    ) -> OutsideChange | None:
         """Compare the files and HEAD with what the daemon last wrote (`known_head`) and
         take in any difference. None when there is none, or it is the same broken state
-        already reported."""
+        already reported. Without `full`, git is asked only when the watch of the memory
+        folders and the index (`store/changewatch.py`) saw a change not the daemon's."""
         head = ctx.git.head()
-        if ctx.w.branch.reidentify_paths:
-            # staged changes are the person's (or a failed git's): no file of theirs is
-            # rewritten for new ids while they are
-            ctx.check_no_staged()
-            self._reidentify_committed_edits(ctx)
-        # only memory files: an editor's swap file or a backup is never read or committed
-        listed, staged = ctx.git.dirty_and_staged(DATA_DIRS)
-        # the status's index column is `git diff --cached HEAD` of the same folders: one git
-        # command checks both (the commit later in this operation relies on it)
-        ctx.refuse_staged(staged)
-        ctx.staged_checked()
-        dirty = [p for p in listed if is_data_path(p)]
+        dirty = self._dirty(ctx, head, known_head, full)
+        if dirty is None:
+            return None
         moved = head != known_head
         if not moved and not dirty:
             # back in step with HEAD (e.g. a broken edit was undone): nothing to report
@@ -112,6 +106,32 @@ class OutsideEdits:
             f", committed {sha[:10]}" if sha else "",
         )
         return OutsideChange(ok=True, files=sorted(changed), commit=sha)
+
+    def _dirty(
+        self, ctx: WriteContext, head: str | None, known_head: str | None, full: bool
+    ) -> list[str] | None:
+        """The memory files that differ from HEAD (from `git status`, which also refuses
+        the person's staged changes); None when the watch knows nothing changed."""
+        watch = ctx.w.watch
+        if ctx.w.branch.reidentify_paths:
+            # staged changes are the person's (or a failed git's): no file of theirs is
+            # rewritten for new ids while they are
+            ctx.check_no_staged()
+            self._reidentify_committed_edits(ctx)
+        elif not full and head == known_head and watch.quiet():
+            ctx.staged_checked()  # the index is the one the last clean check saw, or ours
+            return None
+        watch.begin_full()
+        # only memory files: an editor's swap file or a backup is never read or committed
+        listed, staged = ctx.git.dirty_and_staged(DATA_DIRS)
+        dirty = [p for p in listed if is_data_path(p)]
+        mine = head == known_head and not dirty and not any(is_data_path(p) for p in staged)
+        watch.end_full(clean=mine)
+        # the status's index column is `git diff --cached HEAD` of the same folders: one git
+        # command checks both (the commit later in this operation relies on it)
+        ctx.refuse_staged(staged)
+        ctx.staged_checked()
+        return dirty
 
     def _reidentify_committed_edits(self, ctx: WriteContext) -> None:
         """Memories the person edited by hand and committed (noted when the move of the

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clagd.errors import GitFailed, HeadMoved, StoreError
+from clagd.store.changewatch import ChangeWatch
 from clagd.store.gitcmd import Stdin
 from clagd.store.gitlog import format_message
 from clagd.store.gitrefs import Refs
@@ -49,6 +50,7 @@ class Commits(Refs):
         # the staged entries of the last `build_tree`'s paths: {path: blob, None: absent}
         self._built_entries: dict[str, str | None] | None = None
         self._trees: dict[str, str] = {}  # commit -> its tree, the latest TREES_KEPT
+        self.watch: ChangeWatch | None = None  # told of each index the staging writes
 
     def commit(
         self,
@@ -248,10 +250,14 @@ class Commits(Refs):
         # person marked skip-worktree is left as the index has it (not staged as deleted,
         # as --remove would): the commit then lacks the change and `check_index_flags`
         # names the flag
+        watch = self.watch
+        before = watch.index_key() if watch is not None else None
         self.run(
             *fs, "update-index", "--add", "--remove", "--ignore-skip-worktree-entries",
             "-z", "--stdin", istream=Stdin("\0".join(paths) + "\0"),
         )  # fmt: skip
+        if watch is not None:
+            watch.index_written(before, watch.index_key())
 
     def commit_tree(self, tree: str, parent: str | None, msg: str) -> str:
         new = self._commit_object(tree, parent, msg)

@@ -151,9 +151,12 @@ class GitStore(Commits):
     def dirty_and_staged(self, dirs: Iterable[str]) -> tuple[list[str], list[str]]:
         """Paths under `dirs` that differ from HEAD (working tree or index), and those of
         them whose index entry differs (staged), from one `git status`."""
+        # --no-optional-locks: git's index is never rewritten by the check (`ChangeWatch`
+        # knows the index the daemon last saw: a rewrite would read as a person's staging)
         out = self.run(
-            "status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all", "--", *dirs
-        )
+            "--no-optional-locks", "status", "--porcelain=v1", "-z", "--no-renames",
+            "--untracked-files=all", "--", *dirs,
+        )  # fmt: skip
         paths, staged = [], []
         for entry in out.split("\0"):
             if len(entry) > 3:

@@ -28,6 +28,7 @@ from clagd.errors import Conflict, HeadMoved, Paused, ReadOnly, StoreError
 from clagd.libc import syncfs
 from clagd.model import Cluster, Memory
 from clagd.store.changes import DATA_DIRS, StoreChange, read_changes, unsorted_change
+from clagd.store.changewatch import ChangeWatch, Key, file_key
 from clagd.store.drop import drop_memories
 from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
 from clagd.store.files import (
@@ -83,6 +84,7 @@ class WriteContext:
         # shard -> its memories before this change (by id)
         self._shards: dict[str, dict[str, Memory]] = {}
         self._blobs: dict[str, str | None] = {}  # path -> the blob written (None: removed)
+        self._keys: dict[str, Key | None] = {}  # path -> the file written (`ChangeWatch`)
         self._staged_checked = False  # `check_no_staged` found nothing since the last commit
 
     @property
@@ -100,7 +102,7 @@ class WriteContext:
     def clear(self) -> None:
         """Forget the touched files (after they were committed or put back)."""
         self._clusters, self._archive, self._shards = set(), set(), {}
-        self._blobs = {}
+        self._blobs, self._keys = {}, {}
         self._staged_checked = False
 
     def check_no_staged(self) -> None:
@@ -190,6 +192,7 @@ class WriteContext:
 
         sha, prepared = w.commit_beside_prepare(commit, change)
         w.end_txn()
+        w.watch.own(self._keys)  # their events are the daemon's own
         # where the memories of the changed files are now: found there without a pass
         self.state.note_places(self._clusters, self._archive, self._shards)
         self.clear()
@@ -275,11 +278,11 @@ class WriteContext:
         rel = str(path.relative_to(self.paths.root))
         if text is None:
             path.unlink(missing_ok=True)
-            self._blobs[rel] = None
+            self._blobs[rel] = self._keys[rel] = None
             return
         data = text.encode("utf-8")
         atomic_write_text(path, text, sync_dir=False, fsync=fsync, make_dir=True)
-        self._blobs[rel] = blob_id(data)
+        self._keys[rel], self._blobs[rel] = file_key(path), blob_id(data)
 
     def revert(
         self,
@@ -476,6 +479,8 @@ class Writer(Generic[P]):
         self.frozen = FrozenClusters()  # copies of the hot clusters, for snapshots
         self.frozen.view(state)  # made now, not in the first session's writer hold
         git.base = git.head()  # the commit the loaded working tree is on
+        # what changed in the memory folders and the index, known without git
+        self.watch = git.watch = ChangeWatch(self.paths.root, git.gitdir, DATA_DIRS)
 
     def check_writable(self) -> None:
         """Refuse every commit of a follower's (its history is the primary's)."""
@@ -496,6 +501,7 @@ class Writer(Generic[P]):
             self._q.put(None)
             self._thread.join(timeout)
         self._git_thread.shutdown(wait=False)
+        self.watch.close()
 
     @overload
     def submit(self, op: Callable[[WriteContext], R]) -> Future[R]: ...
@@ -660,18 +666,14 @@ class Writer(Generic[P]):
     def _rollback_worktree(self, rel_paths: list[str]) -> None:
         """Put the files a failed operation touched back to HEAD and re-read exactly those
         from the daemon's commit (an operation marks a file before it changes the state
-        behind it). Other files, and a hand edit in progress elsewhere in the store, are
-        left alone."""
+        behind it). Other files, and a hand edit in progress elsewhere, are left alone."""
         if rel_paths:
             try:
                 self.git.restore_paths(rel_paths)
                 self.end_txn()
-                # the state goes back to the commit the view is on (`base`), read from git's
-                # objects: HEAD may be the person's checkout of another branch (the reason
-                # the operation was paused) or a working tree in the middle of a git command
-                # of theirs, and a state read from those files is never read again once the
-                # person is back (served != HEAD); a move of the branch is taken in by the
-                # next `sync`, as always
+                # the state goes back to the commit the view is on (`base`), from git's
+                # objects: HEAD may be the person's checkout elsewhere (why the operation
+                # paused) or files mid-way through their git (a moved branch: next `sync`)
                 base = self.git.base
                 texts = self.git.texts_at(base, rel_paths) if base else {}
                 self.state, change = read_changes(self.paths.root, self.state, rel_paths, texts)
@@ -685,9 +687,7 @@ class Writer(Generic[P]):
             log.info("working tree put back to HEAD after a failed operation")
         except Exception as exc:  # noqa: BLE001
             self._needs_restore = True
-            log.error(
-                "could not restore the working tree (retried before the next operation): %s", exc
-            )
+            log.error("could not restore the working tree (retried before the next op): %s", exc)
 
     def _restore_all(self) -> None:
         self.git.reset_paths_to_head(DATA_DIRS)
