@@ -65,7 +65,18 @@ class Meter(Protocol):
 
 # runs on the writer with the live state: the plan and the ids of the memories it covers,
 # or None when there is nothing to organize
-PlanMaker = Callable[[StoreState], "tuple[Plan, list[str]] | None"]
+# (the state on the writer, whether the writer may make the plan itself) -> the plan and
+# the sampled ids, None for nothing to do; StalePlan when it may not and must
+PlanMaker = Callable[[StoreState, bool], "tuple[Plan, list[str]] | None"]
+# a lexical plan made off the writer that no longer holds there (a write meanwhile changed
+# a cluster it read, or moved a memory it sampled) is made again off the writer, from a
+# fresh snapshot, this often before the writer makes it itself (at 100k memories making it
+# on the writer held it 120-250 ms: a pass over the store to find the sample, and the plan)
+STALE_RETRIES = 2
+
+
+class StalePlan(Exception):
+    """The plan made off the writer no longer holds, and the writer may not make it."""
 
 
 @dataclass
@@ -157,8 +168,9 @@ class LexicalOrganizer:
     """Plans by time episodes and topic shifts (`organize.lexical`): no model, one attempt,
     nothing to judge. The plan is made off the writer from the session's snapshot, and
     taken on the writer if nothing it read changed meanwhile; otherwise it is made again
-    there, from the memories as they are then (both read a bounded neighbourhood of
-    clusters, `lexical.neighbourhood`, not the whole store)."""
+    off the writer from a fresh snapshot (`STALE_RETRIES` times), then on the writer from
+    the memories as they are (each reads a bounded neighbourhood of clusters,
+    `lexical.neighbourhood`, not the whole store)."""
 
     attempts = 1
     fallback: Organizer | None = None
@@ -176,9 +188,11 @@ class LexicalOrganizer:
         home = {mid: cid for mid, cid in snap.home.items() if cid is not None}
         ahead = _lexical_plan(snap.sample, home, snap.clusters, cfg, self.newest)
 
-        def make(state: StoreState) -> tuple[Plan, list[str]] | None:
+        def make(state: StoreState, here: bool) -> tuple[Plan, list[str]] | None:
             if ahead.still_holds(state):
                 return ahead.plan, ahead.ids
+            if not here:
+                raise StalePlan(f"{len(ahead.read)} clusters read, {len(ahead.ids)} sampled")
             mems, now_home = _present(state, sampled)
             if not mems:
                 return None
@@ -238,7 +252,7 @@ class NamingOrganizer:
         meter.reasons.append(run.note(self.backend))
         meter.reasons.extend(f"naming: {e}" for e in run.errors[:2])
         _use_profiles(plan, run)
-        return Proposal(lambda _state: (plan, [m.id for m in sample]))
+        return Proposal(lambda _state, _here: (plan, [m.id for m in sample]))
 
     def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
         return None
@@ -404,7 +418,7 @@ class ModelOrganizer:
         if not self.may_name:
             _lexical_profiles(plan, snap)
         sampled = snap.sampled
-        return Proposal(lambda _state: (plan, sampled), self.cfg.validate_fraction)
+        return Proposal(lambda _state, _here: (plan, sampled), self.cfg.validate_fraction)
 
     def _propose_chunk(self, template: str, chunk: Chunk, seed: int, meter: Meter) -> Plan:
         max_new = chunk.max_new

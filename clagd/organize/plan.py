@@ -90,6 +90,23 @@ class Plan:
             lines.append(f"- conflict: {newer} supersedes {older}")
         return lines
 
+    def commit_text(
+        self, state: StateLike, sid: str, label: str, n: int, notes: list[str]
+    ) -> tuple[str, str]:
+        """The commit's subject and body: what session `sid` (`label`) did to `n` sampled
+        memories, each cluster it touched, the plan's reason and `notes`."""
+        new = sum(1 for pc in self.clusters if pc.ref.startswith(NEW_PREFIX))
+        merges = sum(len(pc.merge_from) for pc in self.clusters)
+        subject = f"cluster: session {sid} ({label}): {n} memories, {new} new clusters"
+        if merges:
+            subject += f", {merges} merged"
+        body = self.summary(state)
+        if self.reason:
+            body += ["", f"Reason: {self.reason}"]
+        if notes:
+            body += ["", *notes]
+        return subject, "\n".join(body)
+
 
 class StateLike(Protocol):
     """The part of `store.StoreState` plans need (a fake in tests is fine)."""

@@ -44,13 +44,15 @@ from clagd.errors import BackendError, ClagdError, Conflict, StoreError
 from clagd.model import Cluster, new_id
 from clagd.organize.organizers import (
     SEED_STEP,
+    STALE_RETRIES,
     Organizer,
     Proposal,
+    StalePlan,
     Tag,
     gate_note,
     organizer_for,
 )
-from clagd.organize.plan import NEW_PREFIX, Plan, PlanError
+from clagd.organize.plan import Plan, PlanError
 from clagd.organize.plan_apply import apply_plan
 from clagd.organize.plan_checks import validate_plan
 from clagd.organize.plan_invariants import Before, check_touched
@@ -136,6 +138,7 @@ class ApplyProposal:
 
     proposal: Proposal
     commit: PlanCommit
+    here: bool = True  # the writer makes the plan itself when the one made ahead is stale
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,7 @@ class ApplyResult:
     incoherent: list[str] = field(default_factory=list)
     retrievable: tuple[float, float] = (1.0, 1.0)  # share of pseudo-queries found: before, after
     retrieval_problem: str | None = None
+    stale: bool = False  # the plan made off the writer no longer held: nothing was done
 
     @property
     def commits(self) -> list[str]:
@@ -210,25 +214,12 @@ class ApplyResult:
         return "; ".join((self.problems + self.invariant_problems)[:most])
 
 
-def _commit_text(
-    plan: Plan, state: StoreState, sid: str, label: str, n: int, notes: list[str]
-) -> tuple[str, str]:
-    new = sum(1 for pc in plan.clusters if pc.ref.startswith(NEW_PREFIX))
-    merges = sum(len(pc.merge_from) for pc in plan.clusters)
-    subject = f"cluster: session {sid} ({label}): {n} memories, {new} new clusters"
-    if merges:
-        subject += f", {merges} merged"
-    body = plan.summary(state)
-    if plan.reason:
-        body += ["", f"Reason: {plan.reason}"]
-    if notes:
-        body += ["", *notes]
-    return subject, "\n".join(body)
-
-
 def _apply_op(ctx: WriteContext, arg: ApplyProposal) -> ApplyResult:
     """Make the proposal's plan against the state as it is now, and apply it."""
-    made = arg.proposal.make(ctx.state)
+    try:
+        made = arg.proposal.make(ctx.state, arg.here)
+    except StalePlan:
+        return ApplyResult(stale=True)
     if made is None:
         return ApplyResult()
     plan, sampled = made
@@ -264,8 +255,8 @@ def _apply_plan_op(ctx: WriteContext, arg: ApplyPlan) -> ApplyResult:
         if cid in applied.created.values()
         or old_names.get(cid) not in (None, state.clusters[cid].name)
     ]
-    subject, body = _commit_text(
-        plan, state, sid, how.label, len(present), applied.notes + list(how.notes)
+    subject, body = plan.commit_text(
+        state, sid, how.label, len(present), [*applied.notes, *how.notes]
     )
     moved = {found[mid][2].scope for mid in present}
     res.sha = ctx.commit(subject, body, {**trailers, **scopes_trailer(moved)})
@@ -427,6 +418,7 @@ class _Session:
         )
         self.base_seed = seed if seed is not None else backend.seed
         self.scope: str | None = None  # a session of one scope sees only its memories
+        self.access: Mapping[str, int] | None = None  # the store's, when it runs
 
     @property
     def sid(self) -> str:
@@ -441,9 +433,14 @@ class _Session:
         t = {"kind": kind, "session": self.sid, "trigger": self.trigger}
         return {**t, "backend": b.name, "model": b.model, **extra}
 
-    def run(self, access: Mapping[str, int] | None) -> SessionOutcome:
+    def snapshot(self) -> Snapshot:
+        """The memories to organize now (off the writer, from the committed copies)."""
         view: StoreState = self.submit(_snapshot_op).result()
-        snap = take_snapshot(view, self.cfg.sample_size, access, self.scope)
+        return take_snapshot(view, self.cfg.sample_size, self.access, self.scope)
+
+    def run(self, access: Mapping[str, int] | None) -> SessionOutcome:
+        self.access = access
+        snap = self.snapshot()
         self.out.sampled = len(snap.sample)
         if not snap.sample:
             self.out.reasons.append("nothing to organize")
@@ -483,13 +480,18 @@ class _Session:
     ) -> tuple[Verdict, ApplyResult | None]:
         """Obtain a plan, apply it (validated on the writer), judge it, keep or revert it."""
         out = self.out
-        try:
-            proposal = organizer.propose(snap, seed, out)
-        except (BackendError, PlanError) as exc:
-            out.reasons.append(f"{tag.who}{exc}")
-            return "rejected", None
         how = PlanCommit(self.sid, tag.label, trailers, seed, tuple(notes or ()))
-        res: ApplyResult = self.submit(_apply_op, ApplyProposal(proposal, how)).result()
+        for tries_left in range(STALE_RETRIES, -1, -1):
+            try:
+                proposal = organizer.propose(snap, seed, out)
+            except (BackendError, PlanError) as exc:
+                out.reasons.append(f"{tag.who}{exc}")
+                return "rejected", None
+            arg = ApplyProposal(proposal, how, here=tries_left == 0)
+            res: ApplyResult = self.submit(_apply_op, arg).result()
+            if not res.stale:
+                break
+            snap = self.snapshot()  # a write changed what the plan read: again, off the writer
         out.commits += res.commits
         if res.problems:
             out.reasons.append(f"{tag.who}plan rejected: {'; '.join(res.problems[:4])}")

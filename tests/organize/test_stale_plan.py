@@ -1,0 +1,86 @@
+"""A lexical plan made off the writer that a write made stale before the writer took it is
+made again off the writer, from a fresh snapshot, and only after `STALE_RETRIES` such
+tries by the writer itself (issue 26: made on the writer, it held it 120-250 ms at 100k
+memories). A real engine on a real store; the writes are hand edits taken in by the
+engine between the plan and its application."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import clagd.organize.organizers as organizers
+from clagd.engine.core import Engine
+from clagd.model import Cluster, Memory
+from clagd.organize.organizers import STALE_RETRIES, LexicalOrganizer
+from clagd.store.files import Paths, write_cluster
+from tests.helpers import git, head_contents, make_store
+from tests.organize.test_scale import VOCAB, at
+
+
+def _store(tmp_path: Path) -> tuple[Path, list[str]]:
+    """Twelve committed clusters of three memories on six words of their own each."""
+    store = make_store(
+        tmp_path / "s", {"ingest": {"route_inline_max": 1, "route_delay_seconds": 600}}
+    )
+    topics = [" ".join(VOCAB[6 * k : 6 * k + 6]) for k in range(12)]
+    for k, words in enumerate(topics):
+        mems = [Memory.new(f"{words} {VOCAB[2000 + 3 * k + i]}", at(k + i)) for i in range(3)]
+        write_cluster(Paths(store), Cluster(f"c-{k:08x}", f"topic {VOCAB[k]}", memories=mems))
+    git(store, "add", "-A")
+    git(store, "commit", "-qm", "hand: twelve small clusters")
+    return store, topics
+
+
+@pytest.mark.parametrize("stale", [1, STALE_RETRIES + 1])
+def test_a_stale_lexical_plan_is_made_again_off_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stale: int
+) -> None:
+    store, topics = _store(tmp_path)
+    eng = Engine(store)
+    made_on: list[str] = []  # the thread each lexical plan was made on
+    proposed = 0
+    real_plan, real_propose = organizers._lexical_plan, LexicalOrganizer.propose
+
+    def lexical_plan(*a: Any, **kw: Any) -> Any:
+        made = real_plan(*a, **kw)
+        made_on.append(threading.current_thread().name)
+        reads.append(sorted(made.read))
+        return made
+
+    def propose(self: LexicalOrganizer, *a: Any) -> Any:
+        nonlocal proposed
+        proposal = real_propose(self, *a)
+        proposed += 1
+        if proposed <= stale:
+            # a hand edit of a cluster the plan read, taken in before the plan is applied
+            path = store / "clusters" / f"{reads[-1][0]}.yaml"
+            data = yaml.safe_load(path.read_text())
+            data["memories"].append({"content": f"hand edit {proposed} of {reads[-1][0]}"})
+            path.write_text(yaml.safe_dump(data))
+            assert eng.check_outside() is not None
+        return proposal
+
+    reads: list[list[str]] = []
+    monkeypatch.setattr(organizers, "_lexical_plan", lexical_plan)
+    monkeypatch.setattr(LexicalOrganizer, "propose", propose)
+    try:
+        # unsorted memories on the clusters' topics (a batch over route_inline_max waits)
+        eng.add([{"content": f"{topics[k]} again, note {k}"} for k in range(6)])
+        out = eng.recluster("manual", "none")
+        assert out.status == "accepted", out.reasons
+        assert proposed == min(stale, STALE_RETRIES) + 1
+        on_writer = [t for t in made_on if t == "clagd-writer"]
+        # the writer made the plan itself only once every retry off it went stale
+        assert len(on_writer) == (1 if stale > STALE_RETRIES else 0), made_on
+        hand = {f"hand edit {i} of" for i in range(1, min(stale, STALE_RETRIES + 1) + 1)}
+        served = {m.content for m, _a, _k in eng.state.all_memories()}
+        assert all(any(s.startswith(h) for s in served) for h in hand)
+    finally:
+        eng.close()
+    contents = head_contents(store)
+    assert len(contents) == len(set(contents)) == 36 + 6 + len(hand)
