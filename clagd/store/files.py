@@ -176,6 +176,14 @@ class StoreState:
             self.places = places
         return out
 
+    def note_all_places(self) -> None:
+        """Note where every memory is: one pass over the store, made when it is loaded (at
+        100k memories the first session after a start made it on the writer, 65-130 ms)."""
+        places: dict[str, tuple[str, str]] = {}
+        for m, area, key in self.all_memories():
+            places.setdefault(m.id, (area, key))
+        self.places = places
+
     def note_places(
         self, clusters: Iterable[str] = (), archived: Iterable[str] = (), shards: Iterable[str] = ()
     ) -> None:

@@ -458,9 +458,7 @@ class Writer(Generic[P]):
         # called first on the writer thread and its git thread (the daemon nices them)
         self.on_thread_start = on_thread_start
         # a commit's files and git's commit run on this thread while the writer prepares
-        self._git_thread = ThreadPoolExecutor(
-            1, thread_name_prefix="clagd-writer-git", initializer=self._thread_started
-        )
+        self._git_thread = ThreadPoolExecutor(1, "clagd-writer-git", self._thread_started)
         self._q: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
@@ -478,6 +476,7 @@ class Writer(Generic[P]):
         self.holds = Holds()  # the longest operation the thread ran
         self.frozen = FrozenClusters()  # copies of the hot clusters, for snapshots
         self.frozen.view(state)  # made now, not in the first session's writer hold
+        state.note_all_places()  # likewise
         git.base = git.head()  # the commit the loaded working tree is on
         # what changed in the memory folders and the index, known without git
         self.watch = git.watch = ChangeWatch(self.paths.root, git.gitdir, DATA_DIRS)
