@@ -117,6 +117,13 @@ def eval() -> None:  # noqa: A001 - the subcommand is called eval
     "answer is cached for it (what a stopped run finished; n per system)",
 )
 @click.option(
+    "--organizer-config",
+    "organizer_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="--answer: a clagd.yaml whose backend organizes the stores clagd answers from (the "
+    "gate decides what it may do; default: the lexical organizer)",
+)
+@click.option(
     "--protocol",
     type=click.Choice(["stream", "batch", "both"]),
     default="stream",
@@ -150,6 +157,7 @@ def locomo(
     formats: str,
     budget: int,
     cached_only: bool,
+    organizer_path: str | None,
     protocol: str,
     batch_size: int | None,
     scope: str,
@@ -163,9 +171,15 @@ def locomo(
 
     if answer and scope != "default":
         raise click.UsageError("--answer runs in the default scope: leave out --scope")
+    if organizer_path and not answer:
+        raise click.UsageError(
+            "--organizer-config goes with --answer (for recall: --backend KIND --config FILE)"
+        )
     config = load_config(file=Path(config_path)) if config_path else None
     opts: dict[str, Any] = {"n": questions, "seed": seed, "budget": budget}
     opts["cached_only"] = cached_only
+    if organizer_path:
+        opts["organizer"] = load_config(file=Path(organizer_path))
     opts["formats"] = [f.strip() for f in formats.split(",") if f.strip()]
     sys.exit(
         eval_command(

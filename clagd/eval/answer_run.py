@@ -96,6 +96,7 @@ class AnswerRun:
         self.scores = Scores(self.formats)
         self.retrieved = _Retrieved(k)
         self.cached_only = cached_only  # score only what the cache answers (per system)
+        self.organized: dict[str, int] = {}  # what organizing did, summed over conversations
 
     def conversation(
         self, conv: dict[str, Any], qs: list[Question], pipe: Pipeline, bar: Progress
@@ -106,6 +107,8 @@ class AnswerRun:
         try:
             pipe.ingest(cv.turns)
             self.retrieved.collect(pipe, base, cv, qs)
+            for key, n in pipe.organization().items():
+                self.organized[key] = self.organized.get(key, 0) + n
         finally:
             pipe.close()
         bar.line(f"{len(cv.turns)} turns in, {len(qs)} questions retrieved; asking the model")
@@ -145,6 +148,7 @@ class AnswerRun:
             "budget": self.budget,
             "window": self.backend.context_tokens,
             "asked": self.answerer.asked,
+            "organization": self.organized,
         }
 
 
@@ -162,8 +166,12 @@ def run_answers(
     progress: bool = True,
     cache: Path | None = None,
     cached_only: bool = False,
+    organizer: Config | None = None,
 ) -> dict[str, Any]:
-    """The answer eval on a LoCoMo-format file; the `--json` object."""
+    """The answer eval on a LoCoMo-format file; the `--json` object. `organizer`: a config
+    whose backend organizes the stores clagd answers from (as `clagd eval locomo --backend
+    KIND --config` does for recall: the competence gate decides what it may do); None: the
+    lexical organizer."""
     convs = load_conversations(path)
     picked = sample_questions(convs, n, seed)
     asked = sum(len(q) for q in picked)
@@ -178,11 +186,13 @@ def run_answers(
         for i, (conv, qs) in enumerate(zip(convs, picked), 1):
             if qs:
                 bar.line(f"conversation {i}/{len(convs)}")
-                run.conversation(conv, qs, make(config, "none"), bar)
+                pipe = make(organizer or config, organizer.backend.kind if organizer else "none")
+                run.conversation(conv, qs, pipe, bar)
     finally:
         backend.close()
     out = run.summary()
     out |= {"questions": asked, "seed": seed, "protocol": protocol, "sampled": n is not None}
+    out["organizer"] = organizer.backend.kind if organizer else "lexical"
     if cached_only:  # each system scored on the questions the cache answers for it
         out["questions"] = max(row["n"] for row in out["answers"].values())
         out["sample"] = asked

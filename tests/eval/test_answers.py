@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from competent import Competent
 from fake_ollama import FakeOllama
 
 from clagd.cli import main
@@ -303,3 +304,43 @@ def test_cached_only_scores_what_a_stopped_run_finished(tiny: Path, tmp_path: Pa
     # a no-memory prompt is the question alone: the same question in the other conversation
     # is answered from the cache too
     assert res["answers"]["none"]["n"] >= 4 and res["questions"] >= 4
+
+
+def test_a_model_can_organize_the_stores_clagd_answers_from(
+    tiny: Path, tmp_path: Path, monkeypatch
+):
+    """`--organizer-config`: the stores clagd answers from are organized by that config's
+    model (here a competent stand-in that names Mel's and Caro's clusters), and the
+    answering model reads those names in clagd's context."""
+    gold = {q: a for q, _c, _e, a in QA}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    groups = {"Mel": "Mel crafts and pets", "Caro": "Caro moving and work"}
+    reference = {
+        f"{who}: {text} ({tag})": groups[who]
+        for _n, _when, turns in TURNS
+        for who, text in turns
+        for tag in ("one", "two")
+    }
+    with FakeOllama(models=[MODEL]) as answering, FakeOllama(models=[MODEL]) as organizing:
+        answering.default = _oracle(gold)
+        organizing.default = Competent(reference)
+        cfg, org = tmp_path / "answer.yaml", tmp_path / "organize.yaml"
+        cfg.write_text(f"backend:\n  kind: ollama\n  ollama:\n    host: {answering.url}\n")
+        org.write_text(f"backend:\n  kind: ollama\n  ollama:\n    host: {organizing.url}\n")
+        args = ["eval", "locomo", str(tiny), "--answer", "--config", str(cfg), "--json"]
+        args += ["--questions", "4", "--seed", "3", "--protocol", "batch"]
+        out = CliRunner().invoke(main, [*args, "--organizer-config", str(org)])
+        prompts = [m["content"] for chat in answering.chats for m in chat["messages"]]
+        lexical = CliRunner().invoke(main, args)
+        asked_organizer = len(organizing.chats)
+    assert out.exit_code == 0, out.output
+    res = json.loads(out.stdout)
+    assert res["organizer"] == "ollama" and res["organization"]["sessions"] >= 1
+    assert asked_organizer > 0
+    assert any(name in p for name in groups.values() for p in prompts)
+    assert json.loads(lexical.stdout)["organizer"] == "lexical"
+    assert len(organizing.chats) == asked_organizer  # the lexical run asked it nothing
+    refused = CliRunner().invoke(
+        main, ["eval", "locomo", str(tiny), "--organizer-config", str(org)]
+    )
+    assert refused.exit_code == 2 and "goes with --answer" in refused.output
