@@ -15,32 +15,17 @@ import yaml
 
 import clagd.organize.organizers as organizers
 from clagd.engine.core import Engine
-from clagd.model import Cluster, Memory
 from clagd.organize.organizers import STALE_RETRIES, LexicalOrganizer
-from clagd.store.files import Paths, StoreState, write_cluster
-from tests.helpers import git, head_contents, make_store
-from tests.organize.test_scale import VOCAB, at
-
-
-def _store(tmp_path: Path) -> tuple[Path, list[str]]:
-    """Twelve committed clusters of three memories on six words of their own each."""
-    store = make_store(
-        tmp_path / "s", {"ingest": {"route_inline_max": 1, "route_delay_seconds": 600}}
-    )
-    topics = [" ".join(VOCAB[6 * k : 6 * k + 6]) for k in range(12)]
-    for k, words in enumerate(topics):
-        mems = [Memory.new(f"{words} {VOCAB[2000 + 3 * k + i]}", at(k + i)) for i in range(3)]
-        write_cluster(Paths(store), Cluster(f"c-{k:08x}", f"topic {VOCAB[k]}", memories=mems))
-    git(store, "add", "-A")
-    git(store, "commit", "-qm", "hand: twelve small clusters")
-    return store, topics
+from clagd.store.files import StoreState
+from tests.helpers import head_contents
+from tests.organize.test_scale import _many_small_clusters
 
 
 @pytest.mark.parametrize("stale", [1, STALE_RETRIES + 1])
 def test_a_stale_lexical_plan_is_made_again_off_the_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stale: int
 ) -> None:
-    store, topics = _store(tmp_path)
+    store, topics = _many_small_clusters(tmp_path)
     eng = Engine(store)
     made_on: list[str] = []  # the thread each lexical plan was made on
     proposed = 0
@@ -83,7 +68,7 @@ def test_a_stale_lexical_plan_is_made_again_off_the_writer(
     finally:
         eng.close()
     contents = head_contents(store)
-    assert len(contents) == len(set(contents)) == 36 + 6 + len(hand)
+    assert len(contents) == len(set(contents)) == 3 * len(topics) + 6 + len(hand)
 
 
 def test_the_first_session_after_a_start_finds_its_sample_without_a_pass(
@@ -91,7 +76,7 @@ def test_the_first_session_after_a_start_finds_its_sample_without_a_pass(
 ) -> None:
     """Where each memory is, noted when the store is loaded: the session's operations on the
     writer look its sample up there, not by a pass over every memory (65-130 ms at 100k)."""
-    store, topics = _store(tmp_path)
+    store, topics = _many_small_clusters(tmp_path)
     eng = Engine(store)
     eng.close()
     eng = Engine(store)  # a start on a store that has clusters and unsorted memories
