@@ -179,6 +179,7 @@ def run_answers(
         asked * len(ANSWER_SYSTEMS) * len(formats), progress, "locomo answers", "answers"
     )
     make = pipeline_factory(protocol, pipeline, None, bar.line if progress else None)
+    organizing = organizer.backend.kind if organizer else "none"
     backend = backend_for(config, kind)
     try:
         answers = AnswerCache(cache or cache_path())
@@ -186,13 +187,12 @@ def run_answers(
         for i, (conv, qs) in enumerate(zip(convs, picked), 1):
             if qs:
                 bar.line(f"conversation {i}/{len(convs)}")
-                pipe = make(organizer or config, organizer.backend.kind if organizer else "none")
-                run.conversation(conv, qs, pipe, bar)
+                run.conversation(conv, qs, make(organizer or config, organizing), bar)
     finally:
         backend.close()
     out = run.summary()
     out |= {"questions": asked, "seed": seed, "protocol": protocol, "sampled": n is not None}
-    out["organizer"] = organizer.backend.kind if organizer else "lexical"
+    out["organizer"] = organizing if organizer else "lexical"
     if cached_only:  # each system scored on the questions the cache answers for it
         out["questions"] = max(row["n"] for row in out["answers"].values())
         out["sample"] = asked
