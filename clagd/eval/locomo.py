@@ -12,6 +12,7 @@ recency window of the last k turns.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -370,6 +371,18 @@ def cutoffs(ks: str | Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a `kill`, a systemd stop) ends an eval as Ctrl-C does: the conversation's
+    daemon, its query processes and model worker are stopped and its temporary store is
+    removed (each pipeline closes in a `finally`). Python's default dies at once and left
+    them running."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def eval_command(
     file: str,
     ks: Sequence[int] | str = (5, 10),
@@ -387,6 +400,7 @@ def eval_command(
     evidence recall to the answers of the `backend` model."""
     ks = cutoffs(ks)
     config = config or Config()
+    _stop_on_sigterm()
     if answer is not None:
         if scope != DEFAULT_SCOPE:
             raise ValueError("--answer runs in the default scope: leave out --scope")

@@ -85,7 +85,11 @@ class DaemonPipeline:
         self._log_path = base / "daemon.log"
         self.proc = self._spawn()
         self.client = Client(self.socket, timeout=self.deadline)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:  # a failed start, or the eval stopped meanwhile (SIGTERM)
+            self.close()
+            raise
 
     # -- the daemon -------------------------------------------------------------------
     def _spawn(self) -> subprocess.Popen[bytes]:

@@ -215,3 +215,58 @@ def test_a_model_session_longer_than_the_deadline_is_waited_for(tmp_path, fake):
         assert st["last_session"]["seconds"] > 4.0, st["last_session"]
     finally:
         pipe.close()
+
+
+def _pids_with(text: str) -> list[int]:
+    """The processes whose command line names `text` (read from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_sigterm_stops_the_eval_and_its_daemon(tmp_path: Path) -> None:
+    """A `kill` of `clagd eval locomo` (stream) stops the conversation's daemon and removes
+    its temporary store, as Ctrl-C does; it used to leave the daemon running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.eval.test_answers import _conversation
+
+    data = tmp_path / "locomo.json"
+    data.write_text(json.dumps([_conversation("one")]))
+    runs = tmp_path / "tmp"
+    runs.mkdir()
+    env = {**os.environ, "TMPDIR": str(runs)}
+    cmd = [sys.executable, "-m", "clagd", "eval", "locomo", str(data), "--batch", "1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        stores: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            stores = [p for p in runs.glob("clagd-eval-*") if (p / "s.sock").exists()]
+            if stores:
+                break
+            time.sleep(0.05)
+        assert stores and proc.poll() is None, "the stream daemon never started"
+        daemons = _pids_with(str(stores[0] / "store"))
+        assert daemons, "no daemon process names the eval's store"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not _pids_with(str(stores[0] / "store")), "the daemon outlived the eval"
+        assert not stores[0].exists(), "the temporary store was left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _pids_with(str(runs)):
+            os.kill(pid, signal.SIGKILL)
