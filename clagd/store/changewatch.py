@@ -8,8 +8,8 @@ file), the largest single cost of an `add` at 100k memories. This keeps an inoti
 read without blocking when asked, and the identity of `.git/index`:
 
 - every file event in those folders makes its path a suspect, unless the file is now exactly
-  what the daemon committed there (the inode, size, mtime and ctime noted after the commit:
-  any later write, rename or `touch` of the person's changes them);
+  what the daemon committed there (the inode, size, mtime and ctime noted right after its
+  write, kept once the commit lands: any later write, rename or `touch` changes them);
 - git's index must be the file the daemon's own staging left (`index_written`), or the one
   the last full check saw: a `git add`, `git rm --cached` or `reset` writes a new one;
 - a lost watch (a folder removed, moved or replaced), a full event queue, or a folder that

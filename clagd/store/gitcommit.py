@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clagd.errors import GitFailed, HeadMoved, StoreError
-from clagd.store.changewatch import ChangeWatch
+from clagd.store.changewatch import ChangeWatch, Key, file_key
 from clagd.store.gitcmd import Stdin
 from clagd.store.gitlog import format_message
 from clagd.store.gitrefs import Refs
@@ -31,22 +31,13 @@ ZERO = "0" * 40
 TREES_KEPT = 64  # the trees of the latest commits made or looked up (commits never change)
 
 
-def _stat_key(path: Path) -> tuple[int, int, int] | None:
-    """Which file is at `path` now (git replaces an index file whole: a new inode)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 class Commits(Refs):
     """Staging and committing the daemon's own paths (see the module's docstring)."""
 
     def __init__(self, root: Path, branch: str = "") -> None:
         super().__init__(root, branch)
-        # the tree the scratch index holds, and the file it is in (`_stat_key`), when kept
-        self._scratch: tuple[str, tuple[int, int, int] | None] | None = None
+        # the tree the scratch index holds, and the file it is in (`file_key`), when kept
+        self._scratch: tuple[str, Key | None] | None = None
         # the staged entries of the last `build_tree`'s paths: {path: blob, None: absent}
         self._built_entries: dict[str, str | None] | None = None
         self._trees: dict[str, str] = {}  # commit -> its tree, the latest TREES_KEPT
@@ -178,7 +169,7 @@ class Commits(Refs):
         kept, self._scratch = self._scratch, None
         try:
             want = self._tree_of(parent) if parent is not None else None
-            if kept is None or want is None or kept != (want, _stat_key(build)):
+            if kept is None or want is None or kept != (want, file_key(build)):
                 build.unlink(missing_ok=True)
                 if parent is not None:
                     self.run("read-tree", parent, env=env)
@@ -213,7 +204,7 @@ class Commits(Refs):
         except BaseException:
             build.unlink(missing_ok=True)
             raise
-        self._scratch = (tree, _stat_key(build))
+        self._scratch = (tree, file_key(build))
         self._built_entries = built
         return tree
 
