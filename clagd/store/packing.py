@@ -10,6 +10,10 @@ loose objects (~10 MB at 100k memories) for good. So the housekeeping job starts
 * git's own thresholds decide whether there is work (`gc.auto`, ~6,700 loose objects by
   default, and `gc.autoPackLimit`); below them the command returns at once. A person's
   `gc.auto = 0` in the store's config turns packing off, as it does for their own git.
+* Or their size: the daemon's trees are loose and uncompressed too, and `clusters/`'s tree
+  is ~0.5 MB at 11k clusters, written by every commit, so ~6,700 loose objects can be
+  gigabytes. When git's own estimate (the objects in `objects/17/`, times 256) by bytes
+  passes `LOOSE_BYTES_LIMIT`, the run packs whatever the count says (`gc.auto=1`).
 * It runs beside the daemon, never on the writer: git's gc is made to run while other git
   commands write (new loose objects are not in the pack it makes and are not pruned; a
   `gc` of the person's holds `gc.pid` and ours then returns at once).
@@ -46,6 +50,36 @@ GC_COMMAND = (
     "--quiet",
 )
 GC_NICE = 19
+LOOSE_BYTES_LIMIT = 256 << 20  # estimated loose bytes from which a run packs whatever the count
+
+
+def loose_bytes(root: Path) -> int:
+    """The loose objects' bytes as git estimates their count: one fan-out folder's, times
+    256 (object ids are uniform)."""
+    try:
+        folder = common_dir(git_dir(root)) / "objects" / "17"
+        with os.scandir(folder) as entries:
+            return 256 * sum(e.stat().st_size for e in entries if e.is_file())
+    except OSError:
+        return 0
+
+
+def gc_command(root: Path) -> tuple[str, ...]:
+    """`GC_COMMAND`, told to pack whatever git's count says when the loose objects are over
+    `LOOSE_BYTES_LIMIT` by size, unless the person's `gc.auto = 0` turns packing off."""
+    if loose_bytes(root) <= LOOSE_BYTES_LIMIT:
+        return GC_COMMAND
+    auto = subprocess.run(
+        ("git", "config", "--get", "gc.auto"),
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=git_env(),
+    ).stdout.strip()
+    if auto == "0":
+        return GC_COMMAND
+    return (*GC_COMMAND[:1], "-c", "gc.auto=1", *GC_COMMAND[1:])
 
 
 def _packs(root: Path) -> set[str]:
@@ -117,7 +151,7 @@ class ObjectPacker:
         err = tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(
-                GC_COMMAND,
+                gc_command(self.root),
                 cwd=self.root,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import subprocess
 import zlib
 from collections import Counter
@@ -15,6 +16,7 @@ from helpers import DaemonProcess, git, head_contents, make_store, wait_for
 
 from clagd.engine.core import Engine
 from clagd.ingest.inbox import Item
+from clagd.store import packing
 from clagd.store.packing import GcStatus
 
 
@@ -27,14 +29,15 @@ def _loose(root: Path) -> list[Path]:
     return [f for d in objects.iterdir() if len(d.name) == 2 for f in d.iterdir()]
 
 
-def _over_gc_auto(root: Path) -> None:
+def _over_gc_auto(root: Path, size: int = 0) -> None:
     """Make git's own test say "too many loose objects" for `gc.auto = 1`. git estimates
     the loose objects from one fan-out folder (objects/17/, times 256): a small store has
     none there, so two blobs whose ids start with 17 are written (unreachable: they stay
-    loose, the store's own objects are what gets packed)."""
+    loose, the store's own objects are what gets packed), each `size` bytes and more."""
     found = 0
+    pad = random.Random(17).randbytes(size)  # incompressible: `size` bytes on disk too
     for i in range(100_000):
-        data = f"filler {i}\n".encode()
+        data = f"filler {i}\n".encode() + pad
         if hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest().startswith("17"):
             subprocess.run(
                 ["git", "hash-object", "-w", "--stdin"], cwd=root, input=data, check=True
@@ -75,6 +78,9 @@ def test_gc_packs_the_daemons_uncompressed_loose_objects_and_loses_nothing(
         head = obj.read_bytes()[:2]
         assert head == b"\x78\x01", head  # zlib header: FLEVEL 0, no compression
         assert zlib.decompress(obj.read_bytes()).startswith(b"blob ")
+        tree = git(store, "rev-parse", "HEAD^{tree}").strip()  # and its trees the same way
+        obj = store / ".git" / "objects" / tree[:2] / tree[2:]
+        assert obj.read_bytes()[:2] == b"\x78\x01", tree
         assert eng.packer.start()
         st = _finish(eng)
         assert st.runs == 1 and st.packed == 1 and st.failures == 0, st
@@ -120,6 +126,38 @@ def test_a_persons_gc_auto_0_turns_packing_off(store: Path) -> None:
         st = _finish(eng)
         assert st.last_result == "nothing to pack" and st.packed == 0, st
         assert len(_loose(store)) == before and not _packs(store)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("gc_auto", ["", "0"])
+def test_loose_objects_many_by_size_are_packed_unless_gc_auto_is_0(
+    store: Path, monkeypatch: pytest.MonkeyPatch, gc_auto: str
+) -> None:
+    """git counts loose objects; the daemon's are large (uncompressed trees of `clusters/`),
+    so their estimated size also decides, and a person's `gc.auto = 0` still wins."""
+    if gc_auto:
+        git(store, "config", "gc.auto", gc_auto)
+    else:  # git's own default (the test stores turn packing off)
+        git(store, "config", "--unset", "gc.auto")
+    eng = Engine(store)
+    try:
+        texts = _ingest(eng, 3, "large")
+        _over_gc_auto(store, size=4096)  # by count far below git's 6,700; ~2 MB by size
+        assert packing.loose_bytes(store) > 2 * 256 * 4096
+        monkeypatch.setattr(packing, "LOOSE_BYTES_LIMIT", 8 << 20)
+        assert eng.packer.start()
+        st = _finish(eng)
+        assert st.last_result == "nothing to pack" and not _packs(store), st
+        monkeypatch.setattr(packing, "LOOSE_BYTES_LIMIT", 1 << 20)
+        assert eng.packer.start()
+        st = _finish(eng)
+        if gc_auto == "0":
+            assert st.last_result == "nothing to pack" and not _packs(store), st
+        else:
+            assert st.packed == 1 and _packs(store), st
+            git(store, "fsck", "--no-progress")
+        assert Counter(head_contents(store)) == Counter(texts)
     finally:
         eng.close()
 
