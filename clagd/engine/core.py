@@ -65,6 +65,7 @@ from clagd.scopes import DEFAULT_SCOPE, check_scope, scope_or_default
 from clagd.store.create import is_store
 from clagd.store.files import Fragments, IgnoredFiles, Paths, StoreState, is_data_path
 from clagd.store.gitrepo import GitStore
+from clagd.store.holds import giving_way
 from clagd.store.packing import ObjectPacker
 from clagd.store.special import SpecialFiles
 from clagd.store.writer import DATA_DIRS, StoreChange, WriteContext, Writer
@@ -113,7 +114,8 @@ class Engine(ForgetOps, RouteOps):
         self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
         self.routes = RouteQueue(self.config.ingest.route_delay_seconds)
-        self.scorer = Scorer(self.routes, self.hooks.on_thread_start)  # off the writer
+        # off the writer, giving way to its writes
+        self.scorer = Scorer(self.routes, self.hooks.on_thread_start, self.writer.idle)
         self.outside = OutsideEdits(self.root)
         self.new_since_session = 0
         self.rounds_since_session = 0
@@ -616,7 +618,8 @@ class Engine(ForgetOps, RouteOps):
         with self.session_lock:
             if scope is None:  # a session of one scope leaves the others' due
                 self.new_since_session = self.rounds_since_session = 0
-            outcome = runner(self, trigger=trigger, backend=backend, scope=scope)
+            with giving_way(self.writer.idle):  # its work off the writer pauses for writes
+                outcome = runner(self, trigger=trigger, backend=backend, scope=scope)
         self.last_session = outcome
         self.counters["sessions"] += 1
         self.counters["named"] += outcome.named

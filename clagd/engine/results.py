@@ -15,8 +15,8 @@ from clagd.retrieval.index import Hit
 from clagd.scopes import DEFAULT_SCOPE
 from clagd.store.gitrepo import CommitInfo
 from clagd.store.history import HistoryEvent, HistoryStatus
+from clagd.store.holds import WriterStatus
 from clagd.store.packing import GcStatus
-from clagd.store.writer import WriterStatus
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clagd.model import Memory
+from clagd.store.holds import WriterIdle, giving_way, pause
 
 if TYPE_CHECKING:
     from clagd.retrieval.index import Index
@@ -41,6 +42,8 @@ ROUTE_MAX_WAIT = 30.0
 # waiting memories a route op scores itself, on the writer (~1 ms each at 11k clusters);
 # more are scored off the writer first
 ROUTE_SCORE_INLINE = 48
+# memories the scoring thread scores between two pauses for the writer's work
+SCORE_STEP = 32
 
 
 @dataclass(frozen=True)
@@ -193,9 +196,15 @@ class Scorer:
     every cluster slot: ~1 ms a memory at 11k clusters, which held the writer as an
     operation of its own). The answers are kept under that snapshot's `route_key`."""
 
-    def __init__(self, routes: RouteQueue, on_thread_start: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        routes: RouteQueue,
+        on_thread_start: Callable[[], None] | None,
+        writer: WriterIdle | None = None,
+    ) -> None:
         self.routes = routes
         self._on_start = on_thread_start
+        self.writer = writer  # given: the scoring gives way to its writes (`store/holds.py`)
         self._pool: ThreadPoolExecutor | None = None
         self._last: Future | None = None
 
@@ -208,7 +217,7 @@ class Scorer:
         if not mems or not self.routes.is_waiting(shard):
             return
         try:
-            targets = index.route_many(mems)
+            targets = self._route(index, mems)
         except Exception as exc:  # noqa: BLE001 - the pass scores them itself
             log.warning("scoring a waiting batch failed (the pass scores it): %s", exc)
             return
@@ -243,8 +252,22 @@ class Scorer:
 
     def score_pass(self, need: NeedScores) -> None:
         """Score `need` here (the calling thread, not the writer) for the pass."""
+        # not giving way: the pass waits for these answers, and the writer for the pass
         targets = need.index.route_many(need.memories)
         self.routes.keep_pass(dict(zip((m.id for m in need.memories), targets)))
+
+    def _route(self, index: Index, mems: list[Memory]) -> list[str | None]:
+        """`index.route_many(mems)`, `SCORE_STEP` memories a step, pausing between steps
+        while the writer works (`store/holds.py`): scoring ahead of the pass, while the
+        burst's batches are still being committed."""
+        if self.writer is None:
+            return index.route_many(mems)
+        out: list[str | None] = []
+        with giving_way(self.writer):
+            for i in range(0, len(mems), SCORE_STEP):
+                pause()
+                out += index.route_many(mems[i : i + SCORE_STEP])
+        return out
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the scoring asked for so far is done (tests, benchmarks)."""

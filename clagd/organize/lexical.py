@@ -24,6 +24,7 @@ from clagd.config import SessionConfig
 from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_epoch, parse_time
 from clagd.organize.plan import Plan, PlanCluster
 from clagd.organize.similarity import TfIdf, unit_cosine
+from clagd.store.holds import pause
 from clagd.text import tokenize
 
 _WINDOW = 4  # memories on each side when measuring cohesion across a possible boundary
@@ -133,7 +134,9 @@ def neighbourhood(
         if newest is None:
             newest = NewestTimes()
         lo, hi = min(loose) - cfg.episode_gap_minutes * 60.0, max(loose)
-        for cid, c in clusters.items():
+        for i, (cid, c) in enumerate(clusters.items()):
+            if not i % 256:
+                pause()
             if cid in own or not c.memories:
                 continue
             t = newest.of(c)
@@ -313,6 +316,7 @@ def _place_loose(
     loose = sorted((m for m in memories if m.id not in grouping.home), key=_ts)
     gap = cfg.episode_gap_minutes * 60.0
     for piece in _segment(loose, cfg, corpus):
+        pause()  # steps of work off the writer give way to writes (`store/holds.py`)
         target = None
         first = _ts(piece[0])
         pv = corpus.vec(m.id for m in piece)
@@ -357,6 +361,7 @@ def _plan_clusters(
         if g.existing is not None and g.existing.name:
             taken.add(g.existing.name.lower())
     for g in live:
+        pause()
         touched = g.existing is None or any(m.id in sampled for m in g.members) or g.merge_from
         if not touched:
             continue
@@ -402,7 +407,10 @@ def _similar_pairs(groups: dict[str, _Group], corpus: TfIdf) -> list[tuple[float
     """(cosine, ref, ref) of the candidate pairs of non-empty groups, most similar first.
     Candidates share one of their top terms (avoids comparing every pair)."""
     live = [g for g in groups.values() if g.members]
-    vecs = {g.ref: corpus.vec(m.id for m in g.members) for g in live}
+    vecs = {}
+    for g in live:
+        pause()
+        vecs[g.ref] = corpus.vec(m.id for m in g.members)
     buckets: dict[str, list[str]] = {}
     for ref, v in vecs.items():
         for t in sorted(v, key=lambda t: -v[t])[:5]:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from clagd.model import Cluster, Memory
 from clagd.retrieval.index import Index
+from clagd.store.holds import pause
 from clagd.text import STOPWORDS, stem, tokenize, word_terms, words
 
 Vec = dict[str, float]
@@ -89,6 +90,7 @@ class TfIdf:
         for m in memories:
             if m.id in self.tf:
                 continue
+            pause()  # a step of work off the writer (`store/holds.py`)
             tf = Counter(tokenize(m.content))
             self.tf[m.id] = tf
             df.update(tf.keys())

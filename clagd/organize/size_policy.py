@@ -42,6 +42,7 @@ from clagd.organize.plan import (
 )
 from clagd.organize.plan_checks import name_problem
 from clagd.organize.similarity import jaccard
+from clagd.store.holds import pause
 from clagd.text import tokenize
 
 NEAR_IDENTICAL = 0.9
@@ -147,7 +148,11 @@ class _Run:
         self.more = False
         self.spent = 0
         self.hot = [c for c in state.clusters.values() if c.memories]
-        self.fps = {c.id: fingerprint(c) for c in self.hot}
+        self.fps = {}
+        for i, c in enumerate(self.hot):
+            if not i % 512:
+                pause()  # steps of work off the writer give way to writes (`store/holds.py`)
+            self.fps[c.id] = fingerprint(c)
         self.bags: dict[str, tuple[Counter[str], float]] = {}  # term counts, their norm
         self.checked: list[Cluster] = []  # changed clusters read in this slice
         self.sigs: dict[str, tuple[str, ...]] = {}  # their signatures
@@ -170,6 +175,7 @@ class _Run:
         for c in self.hot:
             if self.clean(c) or len(c.memories) > self.cfg.max_cluster_size:
                 continue
+            pause()
             # half the budget: the rest is for the merge candidates' words
             if self.spent and self.spent + len(c.memories) > self.budget / 2:
                 self.more = True
@@ -240,12 +246,15 @@ class _Run:
         buckets: dict[str, list[str]] = {}
         by_id = {c.id: c for c in self.hot}
         signed = [c for c in self.hot if not c.pinned and (c.id in self.sigs or self.clean(c))]
-        for c in signed:
+        for i, c in enumerate(signed):
+            if not i % 512:
+                pause()
             for t in self.sig(c.id):
                 bucket = buckets.setdefault(t, [])
                 if len(bucket) < BUCKET_CAP:
                     bucket.append(c.id)
         for a in self.checked:
+            pause()
             if self.spent > self.budget:
                 self.more = True  # not compared: not remembered, the next slice does it
                 continue

@@ -5,9 +5,8 @@ is an operation submitted here and run in order. An operation marks the files it
 (`touch_*`), mutates `ctx.state`, then calls `ctx.commit(...)`, which writes those files
 atomically, commits exactly them, and publishes the change to the index through the
 writer's one publisher (`clagd.change.Publisher`: `prepare` while the files are written and
-committed, `publish` once the commit exists). If an operation
-fails half-way, the working tree is put back to HEAD and the state reloaded, so a failure
-never leaves a half-applied change behind.
+committed, `publish` once the commit exists). If an operation fails half-way, the working
+tree is put back to HEAD and the state reloaded: no half-applied change is left behind.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
@@ -45,6 +44,7 @@ from clagd.store.following import BranchFollower
 from clagd.store.frozen import FrozenClusters
 from clagd.store.gitrepo import GitStore, blob_id
 from clagd.store.history import HistoryStatus
+from clagd.store.holds import Holds, WriterIdle, WriterStatus
 
 __all__ = ["DATA_DIRS", "StoreChange", "WriteContext", "Writer", "read_changes"]
 
@@ -399,43 +399,6 @@ class WriteContext:
         self.w.publish(StoreChange.whole(self.w.state, self.w.git.head()))
 
 
-@dataclass(frozen=True)
-class WriterStatus:
-    """The writer thread: alive, operations queued, commits made, operations failed, and
-    the longest single operation it ran (the longest a write waited behind another)."""
-
-    alive: bool
-    pending: int
-    commits: int
-    failures: int
-    last_error: str
-    longest_op_ms: float
-    longest_op: str
-    longest_by_op: dict[str, float]
-
-
-@dataclass
-class Holds:
-    """How long the writer thread was held by one operation: the longest since start (or
-    since `reset`), its name, and the longest of each kind (a benchmark reads the session's
-    own: `_snapshot_op`, `_apply_op`, `_size_policy_op`)."""
-
-    longest_ms: float = 0.0
-    longest: str = ""
-    ops: int = 0
-    by_op: dict[str, float] = field(default_factory=dict)
-
-    def note(self, name: str, ms: float) -> None:
-        self.ops += 1
-        if ms > self.longest_ms:
-            self.longest_ms, self.longest = ms, name
-        if ms > self.by_op.get(name, 0.0):
-            self.by_op[name] = ms
-
-    def reset(self) -> None:
-        self.longest_ms, self.longest, self.ops, self.by_op = 0.0, "", 0, {}
-
-
 class Writer(Generic[P]):
     def __init__(
         self,
@@ -474,6 +437,7 @@ class Writer(Generic[P]):
         self.read_only = ""
         self.moved_retries = 0  # commits retried after the branch moved under them
         self.holds = Holds()  # the longest operation the thread ran
+        self.idle = WriterIdle()  # long work off the writer gives way (`store/holds.py`)
         self.frozen = FrozenClusters()  # copies of the hot clusters, for snapshots
         self.frozen.view(state)  # made now, not in the first session's writer hold
         state.note_all_places()  # likewise
@@ -513,6 +477,7 @@ class Writer(Generic[P]):
         if self._stopping:
             fut.set_exception(StoreError("the daemon is shutting down"))
             return fut
+        self.idle.queued()
         self._q.put(_Queued(op, arg, fut))
         return fut
 
@@ -601,39 +566,41 @@ class Writer(Generic[P]):
 
     def _run(self) -> None:
         self._thread_started()
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            fut = item.future
-            if not fut.set_running_or_notify_cancel():
-                continue
-            ctx = WriteContext(self)
-            started = time.perf_counter()
+        while (item := self._q.get()) is not None:
             try:
-                if self._needs_restore:
-                    # an earlier rollback failed (disk full, read-only store): the state may
-                    # hold a change that is not in HEAD; nothing runs on it until restored
-                    self._restore_all()
-                try:
-                    result = self._attempt(item, ctx)
-                finally:  # before the caller hears: its next `status` shows this hold
-                    self.holds.note(item.name, (time.perf_counter() - started) * 1000)
-            except Paused as exc:
-                self.branch.paused = str(exc)  # shown in status until a write goes through
-                # writes wait for the person; what this operation wrote goes back to HEAD
-                if ctx.touched or self.txn_file.exists():
-                    self._rollback_worktree(ctx.touched_paths())
-                fut.set_exception(exc)
-            except BaseException as exc:  # noqa: BLE001 - reported through the future
-                self.failures += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("write operation %s failed: %s", item.name, exc)
-                if not self._needs_restore and (ctx.touched or self.txn_file.exists()):
-                    self._rollback_worktree(ctx.touched_paths())
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
+                self._run_one(item)
+            finally:
+                self.idle.finished()
+
+    def _run_one(self, item: _Queued) -> None:
+        fut, ctx = item.future, WriteContext(self)
+        if not fut.set_running_or_notify_cancel():
+            return
+        started = time.perf_counter()
+        try:
+            if self._needs_restore:
+                # an earlier rollback failed (disk full, read-only store): the state may
+                # hold a change that is not in HEAD; nothing runs on it until restored
+                self._restore_all()
+            try:
+                result = self._attempt(item, ctx)
+            finally:  # before the caller hears: its next `status` shows this hold
+                self.holds.note(item.name, (time.perf_counter() - started) * 1000)
+        except Paused as exc:
+            self.branch.paused = str(exc)  # shown in status until a write goes through
+            # writes wait for the person; what this operation wrote goes back to HEAD
+            if ctx.touched or self.txn_file.exists():
+                self._rollback_worktree(ctx.touched_paths())
+            fut.set_exception(exc)
+        except BaseException as exc:  # noqa: BLE001 - reported through the future
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.error("write operation %s failed: %s", item.name, exc)
+            if not self._needs_restore and (ctx.touched or self.txn_file.exists()):
+                self._rollback_worktree(ctx.touched_paths())
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
 
     def _attempt(self, item: _Queued, ctx: WriteContext) -> Any:
         """Run one operation on a view equal to the branch's HEAD. When its commit finds the

@@ -263,7 +263,7 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
     fresh it uses them. Either way its later slices use its answers although an `add`
     routed between slices changes a cluster again: nothing is scored twice."""
     from clagd.engine import route_ops
-    from clagd.engine.routing import ROUTE_SCORE_INLINE
+    from clagd.engine.routing import ROUTE_SCORE_INLINE, SCORE_STEP
     from clagd.retrieval.index import Index
 
     store, topics = _many_small_clusters(tmp_path)
@@ -303,13 +303,14 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
         wait_for(lambda: len(eng.routes) == 0, 60, "every slice of the route pass")
         eng.writer.call(lambda _ctx: None)  # the last slice's commit is in
         assert len(slices) >= 2 and sum(slices) == n
-        big = [(size, thread) for size, thread in calls if size > ROUTE_SCORE_INLINE]
-        # the batch scored ahead; again for the pass when that went stale; never more
-        assert [size for size, _t in big] == [n] * (2 if stale else 1)
-        assert all(thread.startswith("clagd-route-score") for _s, thread in big)
+        off = [size for size, thread in calls if thread.startswith("clagd-route-score")]
+        # the batch scored ahead (in steps of SCORE_STEP, giving way to writes between
+        # them); again for the pass, at once, when that went stale; never more
+        steps = [min(SCORE_STEP, n - i) for i in range(0, n, SCORE_STEP)]
+        assert n > ROUTE_SCORE_INLINE and off == steps + ([n] if stale else [])
         # the adds were routed inline (one memory each); nothing else was scored
-        small = [size for size, _t in calls if size <= ROUTE_SCORE_INLINE]
-        assert small == [1] * (2 if stale else 1)
+        inline = [size for size, thread in calls if not thread.startswith("clagd-route-score")]
+        assert inline == [1] * (2 if stale else 1)
         assert eng.index_unsorted_count() == 0
         holds = eng.status().writer.longest_by_op
         assert "_route_op" in holds
