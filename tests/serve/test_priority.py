@@ -55,3 +55,21 @@ def test_no_nice_changes_nothing() -> None:
         assert niceness(tid[0]) == mine
     finally:
         stop.set()
+
+
+def test_the_settled_heap_is_frozen_and_full_collections_are_rare() -> None:
+    """After its start the daemon freezes the loaded heap and makes a full collection rare:
+    each is a stop-the-world pass over every object made since, the tail of `add` latency
+    while sessions run (docs/retrieval.md, "Stop 35")."""
+    import gc
+
+    from clagd.serve import daemon
+
+    before = gc.get_threshold()
+    try:
+        daemon.Daemon._settle_heap()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (before[0], before[1], daemon.FULL_GC_EVERY)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
