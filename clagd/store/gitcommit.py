@@ -31,9 +31,10 @@ ZERO = "0" * 40
 TREES_KEPT = 64  # the trees of the latest commits made or looked up (commits never change)
 # loose objects written without zlib: the daemon's `git gc --auto` packs and compresses them
 UNCOMPRESSED = ("-c", "core.looseCompression=0")
-# the indexes the daemon writes are split (git's split index): a write rewrites the few
-# entries changed since the shared part, not the whole index (~1 MB at 11k clusters, written
-# twice a commit: 8-11 ms each); every git since 2.1 reads them, a person's commands included
+# the scratch index is split (git's split index): a write rewrites the few entries changed
+# since its shared part, not the whole index (~1 MB at 11k clusters: 5 ms of `update-index`
+# and as much of `write-tree` a commit). Only the scratch index, which is the daemon's own:
+# the person's `.git/index` stays one file every tool reads (libgit2 reads no split index)
 SPLIT_INDEX = ("-c", "core.splitIndex=true")
 
 
@@ -172,16 +173,15 @@ class Commits(Refs):
         build = self.gitdir / BUILD_INDEX
         env = {"GIT_INDEX_FILE": str(build)}
         nosync = ("-c", "core.fsync=none")
-        split = SPLIT_INDEX
         kept, self._scratch = self._scratch, None
         try:
             want = self._tree_of(parent) if parent is not None else None
             if kept is None or want is None or kept != (want, file_key(build)):
                 build.unlink(missing_ok=True)
                 if parent is not None:
-                    self.run(*split, "read-tree", parent, env=env)
+                    self.run(*SPLIT_INDEX, "read-tree", parent, env=env)
                 else:
-                    self.run(*split, "read-tree", "--empty", env=env)
+                    self.run(*SPLIT_INDEX, "read-tree", "--empty", env=env)
             built: dict[str, str | None] = {}
             if paths:
                 staged = self.run("ls-files", "-s", "-z", "--", *paths)
@@ -197,7 +197,7 @@ class Commits(Refs):
                 built.update(dict.fromkeys(gone))
                 self.run(
                     *nosync,
-                    *split,
+                    *SPLIT_INDEX,
                     "update-index",
                     "-z",
                     "--index-info",
@@ -209,7 +209,7 @@ class Commits(Refs):
             # has just written, and `_check_tree` compares the daemon's paths with their blobs.
             # The trees are written uncompressed, as the blobs are (`clusters/`'s tree is
             # ~0.5 MB at 11k clusters: zlib was 11-13 ms of each commit; packing compresses)
-            fs = (*(() if fsync else nosync), *split, *UNCOMPRESSED)
+            fs = (*(() if fsync else nosync), *SPLIT_INDEX, *UNCOMPRESSED)
             tree = self.run(*fs, "write-tree", "--missing-ok", env=env)
             tree = tree.strip()
         except BaseException:
@@ -244,7 +244,7 @@ class Commits(Refs):
                 )
         # uncompressed loose objects: half of `git add`'s time for a route pass's ~500
         # files; the daemon's `git gc --auto` packs (and compresses) them (store/packing.py)
-        fs = UNCOMPRESSED + SPLIT_INDEX + (() if fsync else ("-c", "core.fsync=none"))
+        fs = UNCOMPRESSED + (() if fsync else ("-c", "core.fsync=none"))
         # `update-index --add --remove` of exactly these files: what `git add -A -- paths`
         # stages, without `add`'s scan of their folders for untracked files matching the
         # paths (`clusters/` is one flat folder: 38-118 ms for one file at 11k clusters,

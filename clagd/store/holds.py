@@ -4,8 +4,8 @@ giving way to writes (issue 26).
 `Holds` records the longest operation the writer ran (of each kind: `status.writer`,
 `WriterStatus`); `WriterIdle` counts the operations queued and not yet finished.
 
-A session's plan and size-policy slices, the route pass's scoring and the archive job's
-search run on threads of their own, off the writer, on snapshots. They are pure Python, so
+A session's snapshot, plan and size-policy slices and the route pass's scoring ahead run
+on threads of their own, off the writer, on snapshots. They are pure Python, so
 they share the interpreter's lock with the writer thread: while one runs, every `add` gets
 about half of the CPU time its Python steps need (an `add` at 100k memories took ~100 ms
 during a session instead of ~40). Such work calls `pause()` at its steps; inside

@@ -115,3 +115,29 @@ def test_the_scratch_index_is_kept_only_while_it_holds_the_base_s_tree(
     # nothing changed: no commit
     assert commit("u-b.yaml", "memories: []\n# b again\n") is None
     assert git(store, "status", "--porcelain", "--", "unsorted").strip() == ""
+
+
+def test_only_the_daemons_own_scratch_index_is_split(store: Path) -> None:
+    """The scratch index the daemon builds its commits in is a split index (a write
+    rewrites what changed, not ~1 MB at 11k clusters); the person's `.git/index` stays a
+    plain one, which every tool reads (libgit2 reads no split index)."""
+    from clagd.engine.core import Engine
+
+    eng = Engine(store)
+    try:
+        for i in range(3):
+            eng.add([{"content": f"note {i} about the orchard"}])
+    finally:
+        eng.close()
+    build = store / ".git" / "clagd-build-index"
+    scratch = subprocess.run(
+        ["git", "rev-parse", "--shared-index-path"],
+        cwd=store,
+        env={**os.environ, "GIT_INDEX_FILE": str(build)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert scratch and (store / scratch).exists(), scratch
+    assert git(store, "rev-parse", "--shared-index-path").strip() == ""
+    assert git(store, "status", "--porcelain", "--", "unsorted", "clusters") == ""
