@@ -24,7 +24,7 @@ from clagd.config import SessionConfig
 from clagd.model import Cluster, Memory, new_cluster_id, now_iso, parse_epoch, parse_time
 from clagd.organize.plan import Plan, PlanCluster
 from clagd.organize.similarity import TfIdf, unit_cosine
-from clagd.store.holds import pause
+from clagd.store.holds import pausing
 from clagd.text import tokenize
 
 _WINDOW = 4  # memories on each side when measuring cohesion across a possible boundary
@@ -134,9 +134,7 @@ def neighbourhood(
         if newest is None:
             newest = NewestTimes()
         lo, hi = min(loose) - cfg.episode_gap_minutes * 60.0, max(loose)
-        for i, (cid, c) in enumerate(clusters.items()):
-            if not i % 256:
-                pause()
+        for cid, c in pausing(clusters.items(), 256):
             if cid in own or not c.memories:
                 continue
             t = newest.of(c)
@@ -315,8 +313,8 @@ def _place_loose(
     # order they arrived in, never an order by content hash
     loose = sorted((m for m in memories if m.id not in grouping.home), key=_ts)
     gap = cfg.episode_gap_minutes * 60.0
-    for piece in _segment(loose, cfg, corpus):
-        pause()  # steps of work off the writer give way to writes (`store/holds.py`)
+    # steps of work off the writer give way to writes (`store/holds.py`)
+    for piece in pausing(_segment(loose, cfg, corpus)):
         target = None
         first = _ts(piece[0])
         pv = corpus.vec(m.id for m in piece)
@@ -360,8 +358,7 @@ def _plan_clusters(
     for g in live:
         if g.existing is not None and g.existing.name:
             taken.add(g.existing.name.lower())
-    for g in live:
-        pause()
+    for g in pausing(live):
         touched = g.existing is None or any(m.id in sampled for m in g.members) or g.merge_from
         if not touched:
             continue
@@ -407,10 +404,7 @@ def _similar_pairs(groups: dict[str, _Group], corpus: TfIdf) -> list[tuple[float
     """(cosine, ref, ref) of the candidate pairs of non-empty groups, most similar first.
     Candidates share one of their top terms (avoids comparing every pair)."""
     live = [g for g in groups.values() if g.members]
-    vecs = {}
-    for g in live:
-        pause()
-        vecs[g.ref] = corpus.vec(m.id for m in g.members)
+    vecs = {g.ref: corpus.vec(m.id for m in g.members) for g in pausing(live)}
     buckets: dict[str, list[str]] = {}
     for ref, v in vecs.items():
         for t in sorted(v, key=lambda t: -v[t])[:5]:

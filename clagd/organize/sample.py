@@ -13,7 +13,7 @@ from clagd.model import Cluster, Memory
 from clagd.organize.prompts import clip
 from clagd.organize.similarity import ClusterScores, label_terms, terms
 from clagd.store.files import StoreState
-from clagd.store.holds import pause
+from clagd.store.holds import pausing
 
 MAX_CHECKS = 20
 MIN_CHECKS = 3
@@ -80,15 +80,11 @@ def take_snapshot(
     total = sum(len(c.memories) for c in state.clusters.values()) + sum(
         len(v) for v in state.unsorted.values()
     )
-    clusters = {}
-    for i, (cid, c) in enumerate(state.clusters.items()):
-        if not i % 512:
-            pause()  # steps of work off the writer give way to writes (`store/holds.py`)
-        clusters[cid] = _copy_cluster(c)
     return Snapshot(
         sample=[copy.deepcopy(m) for m, _ in sample],
         home={m.id: cid for m, cid in sample},
-        clusters=clusters,
+        # steps of work off the writer give way to writes (`store/holds.py`)
+        clusters={cid: _copy_cluster(c) for cid, c in pausing(state.clusters.items(), 512)},
         total=total,
     )
 

@@ -42,7 +42,7 @@ from clagd.organize.plan import (
 )
 from clagd.organize.plan_checks import name_problem
 from clagd.organize.similarity import jaccard
-from clagd.store.holds import pause
+from clagd.store.holds import pause, pausing
 from clagd.text import tokenize
 
 NEAR_IDENTICAL = 0.9
@@ -148,11 +148,8 @@ class _Run:
         self.more = False
         self.spent = 0
         self.hot = [c for c in state.clusters.values() if c.memories]
-        self.fps = {}
-        for i, c in enumerate(self.hot):
-            if not i % 512:
-                pause()  # steps of work off the writer give way to writes (`store/holds.py`)
-            self.fps[c.id] = fingerprint(c)
+        # steps of work off the writer give way to writes (`store/holds.py`)
+        self.fps = {c.id: fingerprint(c) for c in pausing(self.hot, 512)}
         self.bags: dict[str, tuple[Counter[str], float]] = {}  # term counts, their norm
         self.checked: list[Cluster] = []  # changed clusters read in this slice
         self.sigs: dict[str, tuple[str, ...]] = {}  # their signatures
@@ -246,15 +243,12 @@ class _Run:
         buckets: dict[str, list[str]] = {}
         by_id = {c.id: c for c in self.hot}
         signed = [c for c in self.hot if not c.pinned and (c.id in self.sigs or self.clean(c))]
-        for i, c in enumerate(signed):
-            if not i % 512:
-                pause()
+        for c in pausing(signed, 512):
             for t in self.sig(c.id):
                 bucket = buckets.setdefault(t, [])
                 if len(bucket) < BUCKET_CAP:
                     bucket.append(c.id)
-        for a in self.checked:
-            pause()
+        for a in pausing(self.checked):
             if self.spent > self.budget:
                 self.more = True  # not compared: not remembered, the next slice does it
                 continue

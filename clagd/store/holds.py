@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class Holds:
     def reset(self) -> None:
         self.longest_ms, self.longest, self.ops, self.by_op = 0.0, "", 0, {}
 
+
+T = TypeVar("T")
 
 PAUSE_MAX = 0.05  # seconds one pause waits at most
 SHARE = 3.0  # a piece of work waits at most this many times as long as it has run
@@ -126,6 +129,14 @@ def pause() -> None:
     c: Courtesy | None = getattr(_here, "courtesy", None)
     if c is not None:
         c.pause()
+
+
+def pausing(items: Iterable[T], every: int = 1) -> Iterator[T]:
+    """`items`, with a `pause()` before every `every`-th one (from the first)."""
+    for i, item in enumerate(items):
+        if not i % every:
+            pause()
+        yield item
 
 
 @contextmanager
