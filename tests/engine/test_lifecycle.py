@@ -178,6 +178,9 @@ def test_hand_edits_while_running(daemon: InProcessDaemon) -> None:
             lambda: any(x["name"] == "Renamed by hand" for x in c.clusters()["clusters"]),
             what="the edit served",
         )
+        # queries are answered by the query process, whose copy of the index takes the
+        # edit in a moment later (a hand edit is no write request: nothing waits for it)
+        wait_for(lambda: c.query("lighthouse keeper").memories, what="the edit queried")
         assert c.query("lighthouse keeper").memories[0].content.startswith("An edited memory")
         # a broken edit: reported, and the last good state keeps serving
         from clagd.model import Memory
