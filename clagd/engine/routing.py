@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clagd.model import Memory
-from clagd.store.holds import WriterIdle, giving_way, pause
+from clagd.store.holds import WriterIdle, giving_way, pausing
 
 if TYPE_CHECKING:
     from clagd.retrieval.index import Index
@@ -264,8 +264,7 @@ class Scorer:
             return index.route_many(mems)
         out: list[str | None] = []
         with giving_way(self.writer):
-            for i in range(0, len(mems), SCORE_STEP):
-                pause()
+            for i in pausing(range(0, len(mems), SCORE_STEP)):
                 out += index.route_many(mems[i : i + SCORE_STEP])
         return out
 
