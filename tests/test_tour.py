@@ -31,6 +31,9 @@ _MASKS = [
     (re.compile(r"\bc-[0-9a-f]{12}\b"), "c-<cluster>"),
     # a commit id: 7-40 hex digits standing alone (memory ids m-<hex> are content hashes: kept)
     (re.compile(r"(?<![\w-])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])"), "<commit>"),
+    # and one of letters only (~0.1% of short ids) where only a commit id stands: a log
+    # line's start, `(<commit>)`, `reverted <commit>; head <commit>`
+    (re.compile(r"(^|(?<=\()|(?<=reverted )|(?<=head ))[a-f]{7,40}(?=[ );]|$)"), "<commit>"),
 ]
 _RUN_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|\+00:00)?")
 
