@@ -67,8 +67,11 @@ POISON = {
 }
 
 
-# what a person's git says when the daemon's git is busy in the store at the same moment
-RETRIED = (".lock", "cannot lock ref", "gc is already running")
+# what a person's git says when the daemon's git is busy in the store at the same moment;
+# "would be overwritten" is a checkout that met a daemon's write in flight (the cluster file
+# written, its commit not landed yet): a few milliseconds, so a person tries again. A file
+# the daemon left changed for good still fails the step, after the retries' 5 s
+RETRIED = (".lock", "cannot lock ref", "gc is already running", "would be overwritten by")
 
 
 def git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
