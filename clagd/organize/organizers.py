@@ -43,6 +43,7 @@ from clagd.slm.base import Backend, ChatResult
 from clagd.slm.none import NoneBackend
 from clagd.slm.schema import Schema, closed_object, one_of
 from clagd.store.files import StoreState
+from clagd.store.frozen import ClusterNames
 
 if TYPE_CHECKING:
     from clagd.organize.gate import GateResult
@@ -65,9 +66,10 @@ class Meter(Protocol):
 
 # runs on the writer with the live state: the plan and the ids of the memories it covers,
 # or None when there is nothing to organize
-# (the state on the writer, whether the writer may make the plan itself) -> the plan and
-# the sampled ids, None for nothing to do; StalePlan when it may not and must
-PlanMaker = Callable[[StoreState, bool], "tuple[Plan, list[str]] | None"]
+# (the state on the writer, whether the writer may make the plan itself, the hot clusters'
+# names as the writer keeps them) -> the plan and the sampled ids, None for nothing to do;
+# StalePlan when it may not and must
+PlanMaker = Callable[[StoreState, bool, ClusterNames], "tuple[Plan, list[str]] | None"]
 # a lexical plan made off the writer that no longer holds there (a write meanwhile changed
 # a cluster it read, or moved a memory it sampled) is made again off the writer, from a
 # fresh snapshot, this often before the writer makes it itself (at 100k memories making it
@@ -188,8 +190,10 @@ class LexicalOrganizer:
         home = {mid: cid for mid, cid in snap.home.items() if cid is not None}
         ahead = _lexical_plan(snap.sample, home, snap.clusters, cfg, self.newest)
 
-        def make(state: StoreState, here: bool) -> tuple[Plan, list[str]] | None:
-            if ahead.still_holds(state):
+        def make(
+            state: StoreState, here: bool, names: ClusterNames
+        ) -> tuple[Plan, list[str]] | None:
+            if ahead.still_holds(state, names):
                 return ahead.plan, ahead.ids
             if not here:
                 raise StalePlan(f"{len(ahead.read)} clusters read, {len(ahead.ids)} sampled")
@@ -252,7 +256,7 @@ class NamingOrganizer:
         meter.reasons.append(run.note(self.backend))
         meter.reasons.extend(f"naming: {e}" for e in run.errors[:2])
         _use_profiles(plan, run)
-        return Proposal(lambda _state, _here: (plan, [m.id for m in sample]))
+        return Proposal(lambda _state, _here, _names: (plan, [m.id for m in sample]))
 
     def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
         return None
@@ -317,7 +321,7 @@ class _LexicalPlan:
     read: dict[str, int]  # cluster id -> fingerprint when the plan was made
     home: dict[str, str]  # sampled memory id -> its cluster then (absent: unsorted)
 
-    def still_holds(self, state: StoreState) -> bool:
+    def still_holds(self, state: StoreState, names: ClusterNames | None = None) -> bool:
         """Every cluster it read unchanged, every sampled memory where it was, and no new
         name taken meanwhile by a cluster it did not read."""
         for cid, fp in self.read.items():
@@ -330,10 +334,9 @@ class _LexicalPlan:
             want = ("cluster", self.home[mid]) if mid in self.home else ("unsorted",)
             if where is None or where[: len(want)] != want:
                 return False
-        new = {pc.name.lower() for pc in self.plan.clusters if pc.ref.startswith(NEW_PREFIX)}
-        return not any(
-            c.name.lower() in new for cid, c in state.clusters.items() if cid not in self.read
-        )
+        names = ClusterNames(state.clusters) if names is None else names
+        new = [pc.name for pc in self.plan.clusters if pc.ref.startswith(NEW_PREFIX)]
+        return not any(names.in_any_scope(name) - self.read.keys() for name in new)
 
 
 def _lexical_plan(
@@ -418,7 +421,7 @@ class ModelOrganizer:
         if not self.may_name:
             _lexical_profiles(plan, snap)
         sampled = snap.sampled
-        return Proposal(lambda _state, _here: (plan, sampled), self.cfg.validate_fraction)
+        return Proposal(lambda _state, _here, _names: (plan, sampled), self.cfg.validate_fraction)
 
     def _propose_chunk(self, template: str, chunk: Chunk, seed: int, meter: Meter) -> Plan:
         max_new = chunk.max_new

@@ -16,6 +16,7 @@ from clagd.organize.plan import (
     StateLike,
     ref_scopes,
 )
+from clagd.store.frozen import ClusterNames, name_key
 
 
 def name_problem(name: str) -> str | None:
@@ -29,13 +30,17 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def validate_plan(plan: Plan, sampled_ids: Iterable[str], state: StateLike) -> list[str]:
-    """Everything wrong with `plan` against the store as it is now; [] means apply it."""
+def validate_plan(
+    plan: Plan, sampled_ids: Iterable[str], state: StateLike, names: ClusterNames | None = None
+) -> list[str]:
+    """Everything wrong with `plan` against the store as it is now; [] means apply it.
+    `names`: the hot clusters' names as `state` has them (the writer keeps them), or made."""
     sampled = set(sampled_ids)
     problems: list[str] = []
     declared, merged = _check_clusters(plan.clusters, state, problems)
     _check_assign(plan.assign, sampled, declared, merged, state, problems)
-    _check_names(declared, merged, state, problems, ref_scopes(plan, state))
+    names = ClusterNames(state.clusters) if names is None else names
+    _check_names(declared, merged, state, names, problems, ref_scopes(plan, state))
     for newer, older in plan.conflicts:
         if newer not in sampled or older not in sampled:
             problems.append(f"conflict names a memory outside the sample ({newer}, {older})")
@@ -142,20 +147,20 @@ def _check_names(
     declared: dict[str, PlanCluster],
     merged: dict[str, str],
     state: StateLike,
+    names: ClusterNames,
     problems: list[str],
     scope_of: dict[str, set[str]],
 ) -> None:
     """Names distinct among the plan and against every hot cluster the plan leaves as is,
     within one scope (two users may each have a cluster "Food Allergies")."""
-    names: dict[tuple[str, str], str] = {}
-    final_names = [(ref, pc.name, min(scope_of.get(ref) or {""})) for ref, pc in declared.items()]
-    final_names += [
-        (cid, c.name, c.scope)
-        for cid, c in state.clusters.items()
-        if cid not in declared and cid not in merged
-    ]
-    for ref, name, scope in final_names:
-        key = (scope, name.strip().casefold())
-        if key in names and names[key] != ref:
-            problems.append(f"duplicate cluster name {name!r}")
-        names.setdefault(key, ref)
+    left = set(declared) | set(merged)  # the clusters whose names the plan sets or ends
+    planned: set[tuple[str, str]] = set()
+    for ref, pc in declared.items():
+        key = name_key(min(scope_of.get(ref) or {""}), pc.name)
+        if key in planned or names.bearing(*key) - left:
+            problems.append(f"duplicate cluster name {pc.name!r}")
+        planned.add(key)
+    for _key, ids in sorted(names.shared().items()):
+        kept = sorted(ids - left)
+        if len(kept) > 1:  # clusters the plan leaves as they are share a name
+            problems.append(f"duplicate cluster name {state.clusters[kept[-1]].name!r}")

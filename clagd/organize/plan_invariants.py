@@ -9,6 +9,7 @@ from operator import attrgetter
 from clagd.model import Cluster, Memory
 from clagd.organize.plan import NAME_MAX_CHARS, StateLike, Toucher
 from clagd.organize.plan_checks import name_problem
+from clagd.store.frozen import ClusterNames, name_key
 
 
 def check_invariants(
@@ -96,13 +97,15 @@ def check_touched(
     state: StateLike,
     dropped: Iterable[str] = (),
     renamed: Iterable[str] = (),
+    names: ClusterNames | None = None,
 ) -> list[str]:
     """`check_invariants` for the places a plan changed (issue 26: the whole store was
     read after every plan): every memory they held exactly once among them (none lost,
     none duplicated, none appeared, `dropped` folded on purpose), the store's count
     unchanged otherwise (a memory put anywhere else, or taken from anywhere else, changes
     it), each changed cluster non-empty, of one scope and well named, and its name
-    distinct from every other hot cluster's in its scope."""
+    distinct from every other hot cluster's in its scope (`names`: the hot clusters' names
+    as `state` has them now, kept by the writer; made from `state` when not given)."""
     problems: list[str] = []
     seen: dict[str, str] = {}
     had: set[str] = set()
@@ -125,16 +128,17 @@ def check_touched(
     if not problems and total != expected:
         problems.append(f"the store holds {total} memories, {expected} expected")
     changed = [c for cid in before.clusters if (c := state.clusters.get(cid)) is not None]
-    names: dict[tuple[str, str], str] = {}
+    keys: set[tuple[str, str]] = set()
     for c in changed:
         _cluster_problems(c.id, c, problems)
-        named = (c.scope, c.name.strip().casefold())
-        if named in names:
+        named = name_key(c.scope, c.name)
+        if named in keys:
             problems.append(f"two clusters are named {c.name!r}")
-        names[named] = c.id
-    for cid, c in state.clusters.items():
-        if cid not in before.clusters and (c.scope, c.name.strip().casefold()) in names:
-            problems.append(f"two clusters are named {c.name!r}")
+        keys.add(named)
+    names = ClusterNames(state.clusters) if names is None else names
+    for scope, name in sorted(keys):
+        for cid in sorted(names.bearing(scope, name) - before.clusters.keys()):
+            problems.append(f"two clusters are named {state.clusters[cid].name!r}")
     for cid in renamed:
         rc = state.clusters.get(cid)
         if rc is not None and (p := name_problem(rc.name)):

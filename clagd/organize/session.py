@@ -217,7 +217,7 @@ class ApplyResult:
 def _apply_op(ctx: WriteContext, arg: ApplyProposal) -> ApplyResult:
     """Make the proposal's plan against the state as it is now, and apply it."""
     try:
-        made = arg.proposal.make(ctx.state, arg.here)
+        made = arg.proposal.make(ctx.state, arg.here, ctx.cluster_names())
     except StalePlan:
         return ApplyResult(stale=True)
     if made is None:
@@ -239,7 +239,7 @@ def _apply_plan_op(ctx: WriteContext, arg: ApplyPlan) -> ApplyResult:
     plan.assign = {
         mid: ref for mid, ref in plan.assign.items() if mid in found or mid not in sampled
     }
-    res.problems = validate_plan(plan, present, state)
+    res.problems = validate_plan(plan, present, state, ctx.cluster_names())
     if res.problems:
         return res
     # the names before of the clusters the plan may rename (only those it describes)
@@ -260,9 +260,8 @@ def _apply_plan_op(ctx: WriteContext, arg: ApplyPlan) -> ApplyResult:
     )
     moved = {found[mid][2].scope for mid in present}
     res.sha = ctx.commit(subject, body, {**trailers, **scopes_trailer(moved)})
-    res.invariant_problems = check_touched(
-        before, state, dropped=[m.id for m in applied.dropped], renamed=renamed
-    )
+    dropped = [m.id for m in applied.dropped]  # (the names: the commit's change included)
+    res.invariant_problems = check_touched(before, state, dropped, renamed, ctx.cluster_names())
     if res.invariant_problems and res.sha:
         res.revert_sha = _revert_op(
             ctx,

@@ -15,6 +15,7 @@ from clagd.engine import summary
 from clagd.engine.core import Engine
 from clagd.model import Cluster, Memory
 from clagd.store.files import Paths, StoreState, write_cluster
+from clagd.store.frozen import ClusterNames
 
 
 def _store(tmp_path: Path, clusters: int) -> Path:
@@ -89,3 +90,105 @@ def test_session_snapshot_is_the_committed_clusters(tmp_path: Path) -> None:
         assert_same_as_files(eng)
     finally:
         eng.close()
+
+
+def _names_now(eng: Engine) -> dict[str, set[str]]:
+    """The writer's table of names, asked for every hot cluster's name; and its shared keys."""
+    names = eng.writer.call(lambda ctx: ctx.cluster_names())
+    table = {f"{c.scope}/{c.name}": names.bearing(c.scope, c.name) for c in _hot(eng)}
+    table |= {f"shared {k}": ids for k, ids in names.shared().items()}
+    assert len(names) == len(eng.state.clusters)
+    return table
+
+
+def _hot(eng: Engine) -> list[Cluster]:
+    return list(eng.state.clusters.values())
+
+
+def test_cluster_names_are_kept_in_step_with_every_change(tmp_path: Path) -> None:
+    # a session's plan is checked against every other cluster's name from a table the
+    # writer keeps (issue 26: three passes over 11k clusters in one apply); the table must
+    # be what the state holds after every kind of change, a hand edit's included
+    root = _store(tmp_path, 5)
+    eng = Engine(root)
+    try:
+
+        def fresh() -> dict[str, set[str]]:
+            names = ClusterNames(eng.state.clusters)
+            table = {f"{c.scope}/{c.name}": names.bearing(c.scope, c.name) for c in _hot(eng)}
+            return table | {f"shared {k}": ids for k, ids in names.shared().items()}
+
+        assert _names_now(eng) == fresh()
+        eng.add([{"content": "topic1 note again about the thing number 1"}])
+        assert _names_now(eng) == fresh()
+        # a hand edit gives cluster 0 the name of cluster 1 (same count of clusters)
+        path = Paths(root).cluster_file("c-000000000000")
+        path.write_text(path.read_text().replace("topic 0 notes", "Topic 1 Notes "))
+        git(root, "commit", "-qam", "a person renames a cluster")
+        eng.check_outside()  # (the person's commit moved the branch: taken in)
+        assert eng.state.clusters["c-000000000000"].name.strip() == "Topic 1 Notes"
+        now = _names_now(eng)
+        assert now == fresh()
+        one = eng.state.clusters["c-000000000001"]
+        assert now[f"{one.scope}/{one.name}"] == {"c-000000000000", "c-000000000001"}
+        # the plan's check sees the shared name: no plan is applied over it, and says why
+        out = eng.recluster(backend="none")
+        assert out.status == "failed"
+        assert "duplicate cluster name 'topic 1 notes'" in out.reasons[0]
+        assert _names_now(eng) == fresh()
+        path.write_text(path.read_text().replace("Topic 1 Notes ", "topic zero notes"))
+        git(root, "commit", "-qam", "and back")
+        eng.check_outside()
+        assert _names_now(eng) == fresh() and not ClusterNames(eng.state.clusters).shared()
+        out = eng.recluster(backend="none")
+        assert out.status in ("accepted", "noop"), out.reasons
+        assert _names_now(eng) == fresh()
+        eng.stats.since = 0.0
+        eng.archive()
+        assert _names_now(eng) == fresh() == {}
+    finally:
+        eng.close()
+
+
+def test_a_plan_name_taken_by_a_hand_edit_is_refused() -> None:
+    # validate_plan and check_touched answer from the writer's table: a name another
+    # cluster bears (any case, outer spaces) in the same scope is refused, in another
+    # scope it is not
+    from clagd.organize.organizers import _LexicalPlan
+    from clagd.organize.plan import Plan, PlanCluster
+    from clagd.organize.plan_checks import validate_plan
+    from clagd.organize.plan_invariants import Before, check_touched
+
+    m = Memory.new("a memory about apples", "2024-01-01T00:00:00Z")
+    other = Memory.new("another about pears", "2024-01-01T00:00:00Z")
+    state = StoreState(
+        {
+            "c-000000000001": Cluster("c-000000000001", "fruit notes here", memories=[other]),
+            "c-000000000002": Cluster("c-000000000002", "apple notes", memories=[], scope="alice"),
+        }
+    )
+    state.unsorted["u-1"] = [m]
+    names = ClusterNames(state.clusters)
+    plan = Plan(
+        clusters=[PlanCluster("new:1", " Fruit Notes Here", "about fruit", ["fruit"])],
+        assign={m.id: "new:1"},
+    )
+    assert any("duplicate cluster name" in p for p in validate_plan(plan, [m.id], state, names))
+    plan.clusters[0].name = "apple notes"  # taken in alice's scope only
+    assert validate_plan(plan, [m.id], state, names) == []
+    # a plan made off the writer no longer holds once a cluster it did not read took one
+    # of its new names (any scope: it is made again rather than refused)
+    made = _LexicalPlan(plan, [m.id], read={}, home={})
+    plan.clusters[0].name = "vegetable notes"
+    assert made.still_holds(state, names)
+    plan.clusters[0].name = "Fruit notes here "
+    assert not made.still_holds(state, names)
+    # after a plan: a changed cluster named as one it did not change is an invariant broken
+    before = Before(state)
+    before.touch_cluster("c-000000000001")
+    assert check_touched(before, state, names=names) == []
+    state.clusters["c-000000000001"].scope = "alice"
+    state.clusters["c-000000000001"].name = "Apple Notes"
+    names.changed([], [state.clusters["c-000000000001"]])  # as the commit's publish does
+    problems = check_touched(before, state, names=names)
+    assert "two clusters are named 'apple notes'" in problems
