@@ -106,5 +106,10 @@ class BackendError(ClagdError):
         self.completion_tokens = completion_tokens
 
 
+class BackendClosed(BackendError):
+    """The backend was closed (clagd is stopping): the call started no model. Its code
+    stays `backend` (a backend that is not available)."""
+
+
 class DaemonNotRunning(ClagdError):
     code = "not_running"

@@ -4,6 +4,7 @@ The model runs in `llamacpp_worker.py` (a subprocess speaking JSON lines) so tha
 crash or a hang costs one worker, never the daemon: the worker is killed, the call raises
 `BackendError`, and the next call starts a fresh worker. After `MAX_CRASHES` failures in a
 row the backend reports itself unavailable for a while, so `auto` falls back to `none`.
+Once `close` began, no call starts a worker (the daemon is stopping): each raises.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from clagd.config import LlamaCppConfig
-from clagd.errors import BackendError
+from clagd.errors import BackendClosed, BackendError
 from clagd.slm.base import ChatResult, checked_answer
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_CRASHES = 3
 COOL_DOWN_SECONDS = 600.0
 LOAD_TIMEOUT = 120.0
+CLOSED = "llamacpp: the backend is closed (clagd is stopping): no model worker is started"
 
 
 def default_gguf() -> str:
@@ -165,7 +167,9 @@ class LlamaCppBackend:
         self.host = None
         self._env_extra = env_extra
         self._worker: _Worker | None = None
-        self._lock = threading.Lock()
+        self._closed = False
+        self._lock = threading.Lock()  # one call at a time
+        self._guard = threading.Lock()  # `_worker` and `_closed`; `close` waits for no call
         self.crashes_in_a_row = 0
         self.restarts = 0
         self._last_failure = 0.0
@@ -194,7 +198,10 @@ class LlamaCppBackend:
         return True, f"llama.cpp with {self.model}"
 
     def _start(self) -> _Worker:
-        worker = _Worker(self._env_extra)
+        with self._guard:  # `close` sees every worker, a loading one too, and stops it
+            if self._closed:
+                raise BackendClosed(CLOSED)
+            worker = self._worker = _Worker(self._env_extra)
         try:
             reply = worker.call(
                 {
@@ -207,32 +214,29 @@ class LlamaCppBackend:
                 },
                 timeout=max(LOAD_TIMEOUT, self.cfg.timeout),
             )
-        except TimeoutError:
-            worker.stop()
+        except TimeoutError:  # `request` stops the worker (`_fail`)
             raise BackendError(f"llamacpp: loading {self.model} timed out") from None
-        except BackendError:
-            worker.stop()
-            raise
         if not reply.get("ok"):
-            worker.stop()
             raise BackendError(f"llamacpp: cannot load {self.model_path}: {reply.get('error')}")
         self.load_info = {k: reply[k] for k in ("kind", "chat_template", "n_ctx") if k in reply}
+        self.restarts += 1
         return worker
 
     def request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One request to the worker (started on first use); on a crash or timeout the
-        worker is killed and the next request starts a new one."""
+        worker is killed and the next request starts a new one. After `close`: none."""
         with self._lock:
+            if self._closed:
+                raise BackendClosed(CLOSED)
             try:
-                if self._worker is None:
-                    self._worker = self._start()
-                    self.restarts += 1
-                reply = self._worker.call(request, timeout)
+                reply = (self._worker or self._start()).call(request, timeout)
             except TimeoutError:
                 self._fail(f"no answer within {timeout:g}s; worker killed")
                 raise BackendError(f"llamacpp: {self.last_error}") from None
             except BackendError as exc:
                 self._fail(str(exc).removeprefix("llamacpp: "))
+                if self._closed:  # `close` killed the worker under this call
+                    raise BackendClosed(CLOSED) from exc
                 raise
             self.crashes_in_a_row = 0
             return reply
@@ -241,9 +245,13 @@ class LlamaCppBackend:
         self.crashes_in_a_row += 1
         self._last_failure = time.monotonic()
         self.last_error = why
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
+        self._drop_worker()
+
+    def _drop_worker(self) -> None:
+        with self._guard:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
 
     def chat_json(
         self,
@@ -295,10 +303,16 @@ class LlamaCppBackend:
         return int(reply["tokens"])
 
     def close(self) -> None:
+        """Stop the worker for good: a later call raises instead of starting one. A call in
+        progress is not waited for (the daemon stops within seconds): its worker is killed,
+        so it fails now."""
+        with self._guard:
+            self._closed = True
+            worker = self._worker
+        if worker is not None:
+            worker.proc.kill()
         with self._lock:
-            if self._worker is not None:
-                self._worker.stop()
-                self._worker = None
+            self._drop_worker()
 
     def __del__(self) -> None:  # a forgotten backend must not leave a model process behind
         worker = getattr(self, "_worker", None)

@@ -3,13 +3,19 @@ llama.cpp worker process (crash and hang injected without a model)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from fake_ollama import FakeOllama, assigned_twice, delay, http_error, invalid_json
+from helpers import wait_for
 
 from clagd.config import Config, LlamaCppConfig, OllamaConfig
-from clagd.errors import BackendError
+from clagd.errors import BackendClosed, BackendError
 from clagd.slm.base import schema_errors, select_backend
 from clagd.slm.llamacpp import LlamaCppBackend, _Worker, default_gguf, llama_cpp_installed
 from clagd.slm.ollama import OllamaBackend
@@ -173,3 +179,71 @@ def test_llamacpp_unavailable_reasons() -> None:
     b = LlamaCppBackend(LlamaCppConfig(model_path="/nonexistent.gguf"))
     ok, why = b.available()
     assert not ok and ("not found" in why or "not installed" in why)
+
+
+def _live_workers() -> list[int]:
+    """The pids of this process's llama.cpp workers that are alive (a zombie's cmdline is
+    empty), read from /proc: what a daemon would leave behind."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (d / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"clagd.slm.llamacpp_worker" in cmdline:
+            found.append(int(d.name))
+    return found
+
+
+@needs_llama
+def test_llamacpp_closed_backend_starts_no_worker() -> None:
+    """The daemon's shutdown: the worker was killed (SIGTERM), the daemon closes the backend,
+    then a session still running asks the model. It used to get a fresh worker, started
+    during shutdown and left behind; it gets a clear error, and no worker runs."""
+    b = LlamaCppBackend(LlamaCppConfig(n_ctx=512), env_extra={"CLAGD_WORKER_TEST_OPS": "1"})
+    try:
+        pid = b.request({"op": "ping"}, timeout=60)["pid"]
+        assert _live_workers() == [pid]
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not _live_workers(), what="the killed worker to be gone")
+        b.close()
+        with pytest.raises(BackendClosed, match="no model worker is started"):
+            b.chat_json(MSGS, SCHEMA)
+        with pytest.raises(BackendClosed):
+            b.count_tokens(MSGS)
+        assert _live_workers() == []
+    finally:
+        b.close()
+
+
+@needs_llama
+def test_llamacpp_close_kills_a_worker_in_a_call() -> None:
+    """`close` does not wait for a call in progress (the daemon has seconds to stop): it
+    kills the worker, the call fails now, and no later call starts another one."""
+    b = LlamaCppBackend(LlamaCppConfig(n_ctx=512), env_extra={"CLAGD_WORKER_TEST_OPS": "1"})
+    failed: list[BaseException] = []
+
+    def hang() -> None:
+        try:
+            b.request({"op": "hang"}, timeout=30)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            failed.append(exc)
+
+    caller = threading.Thread(target=hang)
+    try:
+        pid = b.request({"op": "ping"}, timeout=60)["pid"]
+        caller.start()
+        wait_for(lambda: b._lock.locked(), what="the call to hold the worker")
+        start = time.monotonic()
+        b.close()
+        assert time.monotonic() - start < 10
+        caller.join(timeout=10)
+        assert not caller.is_alive() and isinstance(failed[0], BackendClosed), failed
+        wait_for(lambda: pid not in _live_workers(), what="the worker to be gone")
+        with pytest.raises(BackendClosed):
+            b.request({"op": "ping"}, timeout=60)
+        assert _live_workers() == []
+    finally:
+        b.close()
+        caller.join(timeout=60)
