@@ -42,7 +42,7 @@ from typing import Any, cast, get_args
 from clagd.config import GATE_TASKS as TASKS
 from clagd.config import BackendKind, Config, SessionConfig
 from clagd.config import gate_tasks as task_list
-from clagd.errors import BackendError, ClagdError
+from clagd.errors import BackendClosed, BackendError, ClagdError
 from clagd.model import Cluster, Memory
 from clagd.organize.examples import copied, prompt_examples
 from clagd.organize.gate_cache import model_identity, user_gate_dir, write_json
@@ -223,6 +223,8 @@ class _Meter:
         start = time.monotonic()
         try:
             res = self.backend.chat_json(msgs, schema, seed=42, timeout=timeout)
+        except BackendClosed:  # clagd is stopping: no verdict, rather than a wrong one
+            raise
         except BackendError as exc:
             self._count(time.monotonic() - start, exc.prompt_tokens, exc.completion_tokens)
             self.result.errors.append(str(exc)[:200])

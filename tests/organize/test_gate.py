@@ -16,15 +16,16 @@ from helpers import InProcessDaemon, git, head_contents, make_store
 from junk import JUNK
 
 from clagd.cli import main
-from clagd.config import Config, OllamaConfig
+from clagd.config import Config, LlamaCppConfig, OllamaConfig
 from clagd.engine.core import Engine
+from clagd.errors import BackendClosed
 from clagd.organize import gate, gate_cache
 from clagd.organize.examples import copied, prompt_examples
 from clagd.organize.gate import GateResult, TaskScore, cache_file, cache_key, gate_for, measure
 from clagd.organize.prompts import load_prompt
 from clagd.organize.session import run_session
 from clagd.organize.validation import looping
-from clagd.slm.llamacpp import llama_cpp_installed
+from clagd.slm.llamacpp import LlamaCppBackend, llama_cpp_installed
 from clagd.slm.ollama import OllamaBackend
 
 TEXTS = {
@@ -192,6 +193,19 @@ def test_the_gate_total_time_is_bounded(store: Path, fake: FakeOllama) -> None:
     assert any("time ran out" in e for e in res.errors)
     assert "not made in time" in res.lines()[0]
     assert not any(gate_cache.user_gate_dir().glob("*.json"))  # cut short: not shared
+
+
+def test_a_gate_cut_short_by_the_backend_closing_keeps_no_verdict(
+    store: Path, tmp_path: Path
+) -> None:
+    """clagd stopping closes the backend under a measurement: its calls fail at once, which
+    must not become a verdict that the model fails every task (in either cache)."""
+    backend = LlamaCppBackend(LlamaCppConfig(model_path=str(tmp_path / "model.gguf")))
+    backend.close()
+    with pytest.raises(BackendClosed):
+        gate_for(backend, Config(), store / ".clagd" / "gate", store / "prompts")
+    assert not cache_file(store / ".clagd" / "gate", backend).exists()
+    assert not any(gate_cache.user_gate_dir().glob("*.json"))
 
 
 @pytest.mark.parametrize("kind", sorted(JUNK) + ["halves_and_yes"])
