@@ -64,6 +64,7 @@ class _Worker:
         pkg_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         env.update(env_extra or {})
+        env["CLAGD_WORKER_PARENT"] = str(os.getpid())  # it exits when we are gone
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "clagd.slm.llamacpp_worker"],
             stdin=subprocess.PIPE,

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 _INSTRUCT = re.compile(r"instruct|chat|(^|[-_ .])it($|[-_ .])", re.IGNORECASE)
 _BASE = re.compile(r"(^|[-_ .])base($|[-_ .])|pretrain", re.IGNORECASE)
 MESSAGE_OVERHEAD = 8
+ORPHAN_POLL = 0.5  # seconds between looks at whether the daemon is still the parent
 
 
 def model_kind(metadata: dict[str, str], path: str) -> str:
@@ -164,7 +166,19 @@ def _handle(state: _State, req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": False, "error": f"unknown op {op!r}"}
 
 
+def _exit_when_orphaned(parent: int) -> None:
+    """Exit as soon as the daemon is gone (killed, or its overdue stop's `os._exit`): the
+    end of stdin is read only between requests, so an answer being made would otherwise
+    run to its end (minutes) with nobody to hear it. llama.cpp's calls let this thread run."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL)
+    os._exit(0)
+
+
 def main() -> None:
+    # the daemon's pid as the daemon gave it: one that died before this line is noticed too
+    parent = int(os.environ.get("CLAGD_WORKER_PARENT") or os.getppid())
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr

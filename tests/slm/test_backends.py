@@ -3,9 +3,12 @@ llama.cpp worker process (crash and hang injected without a model)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -215,6 +218,38 @@ def test_llamacpp_closed_backend_starts_no_worker() -> None:
         assert _live_workers() == []
     finally:
         b.close()
+
+
+def test_a_worker_whose_daemon_died_mid_answer_exits(tmp_path: Path) -> None:
+    """A daemon killed (or past its stop deadline: `os._exit`) while its worker makes an
+    answer: the worker reads stdin's end only between requests, so it exits on its own as
+    soon as its parent is gone instead of running the answer out."""
+    daemon = tmp_path / "daemon.py"
+    daemon.write_text(
+        "import json, os\n"
+        "from clagd.slm.llamacpp import _Worker\n"
+        "w = _Worker({'CLAGD_WORKER_TEST_OPS': '1'})\n"
+        "print(json.dumps(w.call({'op': 'ping'}, 60)), flush=True)\n"
+        "w.proc.stdin.write(json.dumps({'id': 9, 'op': 'hang'}) + '\\n')\n"
+        "w.proc.stdin.flush()\n"
+        "os._exit(0)  # as the overdue stop does, the answer still being made\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(daemon)], capture_output=True, text=True, timeout=120, check=True
+    )
+    pid = json.loads(out.stdout.splitlines()[-1])["pid"]
+
+    def gone() -> bool:
+        try:
+            return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
+        except OSError:
+            return True
+
+    try:
+        wait_for(gone, timeout=10, what="the orphaned worker to exit")
+    finally:
+        if not gone():
+            os.kill(pid, signal.SIGKILL)
 
 
 @needs_llama
