@@ -93,7 +93,9 @@ def test_a_pause_never_takes_more_than_its_share(
             ran = time.monotonic() - c.start - c.waited
         release.set()
         assert c.pauses > 0 and steps > c.pauses
-        assert c.waited <= holds.SHARE * ran + holds.PAUSE_MAX, (c.waited, ran)
+        # (plus a sleep's late wake-up on a loaded machine: without the share the work
+        # waits the whole second)
+        assert c.waited <= holds.SHARE * ran + holds.PAUSE_MAX + 0.05, (c.waited, ran)
     finally:
         eng.close()
 
