@@ -240,3 +240,39 @@ def test_a_model_measured_only_as_a_namer_names_the_lexical_clusters(
     assert out.named == len(TOPICS), out.reasons
     assert all(c.name.startswith("model named ") for c in eng.state.clusters.values())
     assert eng.status().counters["named"] == len(TOPICS)
+
+
+def answering(name_for: Any) -> Any:
+    """A naming answer that names each group `name_for(first memory, request)` (None: as
+    `profiles` does), the rest of the profile as `profiles` writes it."""
+
+    def answer(req: dict[str, Any]) -> dict[str, Any]:
+        out = profiles(req)
+        firsts = re.findall(r"^(G\d+) \(.*\n- (.*)$", req["messages"][-1]["content"], re.M)
+        for key, first in firsts:
+            name = name_for(first, req)
+            if name is not None:
+                out["content"]["groups"][key]["name"] = name
+        return out
+
+    return answer
+
+
+def test_a_namer_that_copies_the_prompts_example_answer_still_names_every_group(
+    eng: Engine, fake: FakeOllama
+) -> None:
+    """Issue 27's cause: the naming prompt showed `"name": "two to five words"`, and
+    Qwen2.5-Coder-1.5B wrote exactly that for every group of most calls (LoCoMo
+    conversation 1: 9 of 52 clusters named, the first copy among them). This model copies
+    the name the prompt's example answer shows, as it did; the prompt shows none."""
+
+    def copied(_first: str, req: dict[str, Any]) -> str | None:
+        shown = re.search(r'"name": "([^"]+)"', req["messages"][0]["content"])
+        return shown.group(1) if shown else None
+
+    fake.default = answering(copied)
+    out = run(eng, verdict(name=True))
+    assert out.status == "accepted", out.reasons
+    names = [c.name for c in eng.state.clusters.values()]
+    assert all(n.startswith("model named ") for n in names), names
+    assert out.named == len(TOPICS), out.reasons
