@@ -623,6 +623,8 @@ class Engine(ForgetOps, RouteOps):
         self.last_session = outcome
         self.counters["sessions"] += 1
         self.counters["named"] += outcome.named
+        self.counters["naming_asked"] += outcome.naming_asked
+        self.counters["naming_rejected"] += outcome.naming_rejected
         key = f"sessions_{outcome.status}"
         if key in self.counters:
             self.counters[key] += 1

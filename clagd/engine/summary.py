@@ -34,6 +34,8 @@ COUNTERS = (
     "route_passes",
     "route_failures",
     "named",  # clusters whose profile a model wrote (the gate let it name, not group)
+    "naming_asked",  # clusters a model was asked to name
+    "naming_rejected",  # ... whose answer was not used (the last session's reasons say why)
 )
 
 

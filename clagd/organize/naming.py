@@ -6,8 +6,8 @@ profiles, which stage-1 cluster retrieval matches) of the clusters the plan crea
 changes. The calls are batched (`BATCH` clusters per call, one closed schema that names
 each `G<i>`), each bounded by a timeout, all of them by a deadline; whatever the model did
 not name in time, or named badly (a name outside 2-5 words, one already taken, words copied
-from the prompt), keeps the lexical organizer's profile. The gate's `name` task measures
-exactly this call.
+from the prompt), keeps the lexical organizer's profile, and the run says why
+(`NamingRun.rejected`). The gate's `name` task measures exactly this call.
 
 The prompt shows the answer's shape without a value to copy: its earlier version showed
 `"name": "two to five words"`, and Qwen2.5-Coder-1.5B wrote exactly that for every group
@@ -88,18 +88,31 @@ class NamingRun:
     seconds: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # failed calls, the deadline
+    # group key -> why the model's answer for it was not used (the first ones are reported)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    def reject(self, key: str, why: str) -> None:
+        """The model's profile for `key` is not used, for this reason."""
+        self.profiles.pop(key, None)
+        self.rejected[key] = why
 
     @property
     def per_cluster(self) -> float:
         return self.seconds / self.asked if self.asked else 0.0
 
     def note(self, backend: Backend) -> str:
+        rejected = f", {len(self.rejected)} answers rejected" if self.rejected else ""
         return (
             f"{backend.name} {backend.model} named {len(self.profiles)} of {self.asked} "
-            f"clusters in {self.calls} calls, {self.seconds:.1f} s "
+            f"clusters in {self.calls} calls{rejected}, {self.seconds:.1f} s "
             f"({self.per_cluster:.1f} s per cluster)"
         )
+
+    def reasons(self, most: int = 3) -> list[str]:
+        """Why groups kept their lexical profile: the first failed calls and rejections."""
+        out = [f"naming: {e}" for e in self.errors[:most]]
+        return out + [f"naming rejected: {w}" for w in list(self.rejected.values())[:most]]
 
 
 def naming_schema(keys: Sequence[str]) -> Schema:
@@ -123,33 +136,46 @@ def naming_messages(groups: Sequence[tuple[str, Sequence[Memory]]]) -> Messages:
     return [{"role": "system", "content": NAMING_PROMPT}, {"role": "user", "content": user}]
 
 
-def _profile(raw: object, taken: set[str]) -> Profile | None:
-    """A model's profile if it is usable: a 2-5 word name nobody else has, name and
-    description in the model's own words."""
+def _profile(raw: object, taken: set[str]) -> Profile | str:
+    """A model's profile if it is usable (a 2-5 word name nobody else has, in the model's
+    own words), else why not."""
     if not isinstance(raw, dict):
-        return None
+        return "no profile in the answer"
     name = _SPACE.sub(" ", str(raw.get("name", ""))).strip()
-    if name_problem(name) or name.casefold() in taken:
-        return None
     desc = _SPACE.sub(" ", str(raw.get("description", ""))).strip()[:DESCRIPTION_MAX_CHARS]
-    if copies_prompt(name) or copies_prompt(desc):
-        return None
+    if problem := name_problem(name):
+        return problem
+    for what, text in (("name", name), ("description", desc)):
+        if copies_prompt(text):
+            return f"{what} {text!r} copies the prompt"
+    if name.casefold() in taken:
+        return f"name {name!r} is taken by another cluster"
     tags = raw.get("tags") if isinstance(raw.get("tags"), list) else []
     clean = [str(t).strip()[:TAG_MAX_CHARS] for t in tags or [] if str(t).strip()]
     return Profile(name, desc, tuple(dict.fromkeys(clean))[:MAX_TAGS])
 
 
-def parse_profiles(data: object, keys: Sequence[str], taken: set[str]) -> dict[str, Profile]:
-    """The usable profiles of a naming answer, by key; `taken` (casefolded names) grows by
-    the names used."""
+def read_profiles(
+    data: object, keys: Sequence[str], taken: set[str]
+) -> tuple[dict[str, Profile], dict[str, str]]:
+    """The usable profiles of a naming answer by key, and why each other key's is not;
+    `taken` (casefolded names) grows by the names used."""
     answered = data.get("groups") if isinstance(data, dict) else None
     out: dict[str, Profile] = {}
+    rejected: dict[str, str] = {}
     for k in keys:
         got = _profile((answered or {}).get(k) if isinstance(answered, dict) else None, taken)
-        if got is not None:
+        if isinstance(got, str):
+            rejected[k] = got
+        else:
             out[k] = got
             taken.add(got.name.casefold())
-    return out
+    return out, rejected
+
+
+def parse_profiles(data: object, keys: Sequence[str], taken: set[str]) -> dict[str, Profile]:
+    """The usable profiles of a naming answer, by key (`read_profiles` without reasons)."""
+    return read_profiles(data, keys, taken)[0]
 
 
 def _scope_of(group: tuple[str, Sequence[Memory]]) -> str:
@@ -208,9 +234,11 @@ def name_groups(
             continue
         run.prompt_tokens += res.prompt_tokens
         run.completion_tokens += res.completion_tokens
-        got = parse_profiles(res.data, keys, used.setdefault(_scope_of(part[0]), set()))
+        got, why = read_profiles(res.data, keys, used.setdefault(_scope_of(part[0]), set()))
         for k, (key, _mems) in zip(keys, part):
             if k in got:
                 run.profiles[key] = got[k]
+            elif k in why:
+                run.reject(key, why[k])
     run.seconds = time.monotonic() - start
     return run

@@ -60,6 +60,9 @@ class Meter(Protocol):
     prompt_tokens: int
     completion_tokens: int
     named: int  # clusters a model wrote the profile of
+    naming_asked: int  # clusters it was asked to name
+    naming_rejected: int  # ... whose answer was not used (`naming_reasons`: the first whys)
+    naming_reasons: list[str]
     naming_seconds: float
     reasons: list[str]
 
@@ -248,14 +251,17 @@ class NamingOrganizer:
                 taken.setdefault(scope, set()).add(pc.name.casefold())
         deadline = time.monotonic() + cfg.naming_seconds
         run = name_groups(self.backend, groups, taken, cfg.naming_timeout, deadline, seed)
+        _use_profiles(plan, run)
         meter.calls += run.calls
         meter.prompt_tokens += run.prompt_tokens
         meter.completion_tokens += run.completion_tokens
         meter.named += len(run.profiles)
+        meter.naming_asked += run.asked
+        meter.naming_rejected += len(run.rejected)
         meter.naming_seconds += run.seconds
         meter.reasons.append(run.note(self.backend))
-        meter.reasons.extend(f"naming: {e}" for e in run.errors[:2])
-        _use_profiles(plan, run)
+        meter.reasons.extend(run.reasons(2))
+        meter.naming_reasons.extend(run.reasons())
         return Proposal(lambda _state, _here, _names: (plan, [m.id for m in sample]))
 
     def judge(self, checks: list[Check], seed: int, meter: Meter) -> Judgement | None:
@@ -264,11 +270,13 @@ class NamingOrganizer:
 
 def _use_profiles(plan: Plan, run: NamingRun) -> None:
     """The model's profiles into the plan; a name another cluster of the plan still has
-    (the lexical name of one the model did not name) is not used."""
-    lexical = {pc.ref: pc.name.casefold() for pc in plan.clusters if pc.ref not in run.profiles}
+    (the lexical name of one the model did not name) is not used, and the run says so."""
+    lexical = {pc.name.casefold() for pc in plan.clusters if pc.ref not in run.profiles}
     for pc in plan.clusters:
         got = run.profiles.get(pc.ref)
-        if got is not None and got.name.casefold() not in lexical.values():
+        if got is not None and got.name.casefold() in lexical:
+            run.reject(pc.ref, f"name {got.name!r} is another cluster's lexical name")
+        elif got is not None:
             pc.name, pc.description, pc.tags = got.name, got.description, list(got.tags)
 
 

@@ -17,10 +17,9 @@ fail), `_revert_op`, `_record_op`, `_size_view_op` (what a size-policy slice is 
 off the writer) and `_size_policy_op` (its plan applied). Model calls happen between
 operations, so the writer (ingest, queries' index snapshots) is never blocked by a model.
 
-Plans come from an organizer (`organize.organizers`): a model's, or the lexical one when there
-is no model (`backend` None or `slm.none.NoneBackend`). The session runs one path for both:
-every attempt the organizer allows (`_Session.attempt`), then its fallback if none was kept,
-then the size policy.
+Plans come from an organizer (`organize.organizers`: the lexical one when there is no model).
+The session runs one path for all: every attempt the organizer allows (`_Session.attempt`),
+its fallback if none was kept, then the size policy.
 
 Outcome statuses: accepted (a plan is kept), rolled_back (reverted and nothing replaced it),
 fallback (the SLM failed twice; the lexical organizer's plan is kept), failed (not even the
@@ -101,11 +100,10 @@ class SessionOutcome:
     calls: int = 0
     error_rate: float | None = None
     named: int = 0  # clusters whose profile a model wrote (allowed to name, not organize)
+    naming_asked: int = 0  # clusters it was asked to name
+    naming_rejected: int = 0  # ... whose answer was not used; `naming_reasons` says why
+    naming_reasons: list[str] = field(default_factory=list)
     naming_seconds: float = 0.0
-
-    @property
-    def seconds_per_name(self) -> float:
-        return self.naming_seconds / self.named if self.named else 0.0
 
     @property
     def asked_model(self) -> bool:

@@ -275,4 +275,46 @@ def test_a_namer_that_copies_the_prompts_example_answer_still_names_every_group(
     assert out.status == "accepted", out.reasons
     names = [c.name for c in eng.state.clusters.values()]
     assert all(n.startswith("model named ") for n in names), names
-    assert out.named == len(TOPICS), out.reasons
+    assert out.named == out.naming_asked == len(TOPICS) and out.naming_rejected == 0
+
+
+def lexical_names(eng: Engine) -> dict[str, str]:
+    """Each unsorted memory's text -> the name the lexical organizer gives its cluster."""
+    mems = [m for ms in eng.state.unsorted.values() for m in ms]
+    plan = organize(mems, [], eng.config.session)
+    names = {pc.ref: pc.name for pc in plan.clusters}
+    return {m.content: names[plan.assign[m.id]] for m in mems}
+
+
+def model_name(first: str) -> str:
+    """The name `profiles` gives a group whose first memory is `first`."""
+    return f"model named {max(re.findall(r'[A-Za-z]+', first), key=len)}"
+
+
+def test_copied_and_taken_names_are_rejected_and_the_session_says_why(
+    eng: Engine, fake: FakeOllama
+) -> None:
+    """A name made of the prompt's own words, and one another group already has, are not
+    used (those clusters keep the lexical profile); the session's outcome says how many
+    groups were asked, named and rejected, and why."""
+    lexical = lexical_names(eng)
+
+    def bad(first: str, req: dict[str, Any]) -> str | None:
+        if first == TOPICS[1][0]:  # the instructions' first words
+            return " ".join(re.findall(r"[A-Za-z']+", req["messages"][0]["content"])[1:4])
+        if first == TOPICS[4][0]:  # the name of another group, asked in an earlier call
+            return model_name(TOPICS[3][0])
+        return None
+
+    fake.default = answering(bad)
+    out = run(eng, verdict(name=True))
+    assert out.status == "accepted", out.reasons
+    by_text = {m.content: c.name for c in eng.state.clusters.values() for m in c.memories}
+    for i, pair in enumerate(TOPICS):
+        want = lexical[pair[0]] if i in (1, 4) else model_name(pair[0])
+        assert by_text[pair[0]] == want, (i, by_text)
+    assert (out.naming_asked, out.named, out.naming_rejected) == (len(TOPICS), 4, 2)
+    why = out.naming_reasons
+    assert len(why) == 2 and "copies the prompt" in why[0] and "is taken" in why[1], why
+    assert any("naming rejected: name" in r for r in out.reasons), out.reasons
+    assert any("2 answers rejected" in r for r in out.reasons), out.reasons
