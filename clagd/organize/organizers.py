@@ -270,13 +270,21 @@ class NamingOrganizer:
 
 def _use_profiles(plan: Plan, run: NamingRun) -> None:
     """The model's profiles into the plan; a name another cluster of the plan still has
-    (the lexical name of one the model did not name) is not used, and the run says so."""
-    lexical = {pc.name.casefold() for pc in plan.clusters if pc.ref not in run.profiles}
+    (the lexical name of one the model did not name, or whose name was not used) is not
+    used, and the run says so."""
+    kept = {pc.name.casefold() for pc in plan.clusters if pc.ref not in run.profiles}
+    clash = True
+    while clash:  # a name not used leaves its cluster the lexical one: check again
+        clash = False
+        for pc in plan.clusters:
+            got = run.profiles.get(pc.ref)
+            if got is not None and got.name.casefold() in kept:
+                run.reject(pc.ref, f"name {got.name!r} is another cluster's lexical name")
+                kept.add(pc.name.casefold())
+                clash = True
     for pc in plan.clusters:
         got = run.profiles.get(pc.ref)
-        if got is not None and got.name.casefold() in lexical:
-            run.reject(pc.ref, f"name {got.name!r} is another cluster's lexical name")
-        elif got is not None:
+        if got is not None:
             pc.name, pc.description, pc.tags = got.name, got.description, list(got.tags)
 
 

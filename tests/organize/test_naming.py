@@ -318,3 +318,27 @@ def test_copied_and_taken_names_are_rejected_and_the_session_says_why(
     assert len(why) == 2 and "copies the prompt" in why[0] and "is taken" in why[1], why
     assert any("naming rejected: name" in r for r in out.reasons), out.reasons
     assert any("2 answers rejected" in r for r in out.reasons), out.reasons
+
+
+def test_a_name_a_rejection_leaves_to_a_cluster_is_not_given_twice(
+    eng: Engine, fake: FakeOllama
+) -> None:
+    """A group whose name is not used keeps its lexical name; a model's name equal to that
+    one is not used either, and so on down the chain: the plan never names two clusters
+    alike (before, the last link made the writer refuse the plan, and the session fell
+    back to the lexical names for every cluster)."""
+    lexical = lexical_names(eng)
+    chain = {
+        TOPICS[1][0]: model_name(TOPICS[0][0]),  # taken: keeps its lexical name
+        TOPICS[2][0]: lexical[TOPICS[1][0]],  # that one: keeps its own
+        TOPICS[3][0]: lexical[TOPICS[2][0]],  # and that one
+    }
+    fake.default = answering(lambda first, _req: chain.get(first))
+    out = run(eng, verdict(name=True))
+    assert out.status == "accepted", out.reasons
+    by_text = {m.content: c.name for c in eng.state.clusters.values() for m in c.memories}
+    for i, pair in enumerate(TOPICS):
+        want = lexical[pair[0]] if i in (1, 2, 3) else model_name(pair[0])
+        assert by_text[pair[0]] == want, (i, by_text)
+    assert (out.naming_asked, out.named, out.naming_rejected) == (len(TOPICS), 3, 3)
+    assert sum("lexical name" in r for r in out.naming_reasons) == 2, out.naming_reasons
