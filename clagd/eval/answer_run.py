@@ -34,7 +34,7 @@ from clagd.eval.answers import (
 from clagd.eval.data import Question, conversation_turns, load_conversations
 from clagd.eval.locomo import Baselines, Progress, pipeline_factory
 from clagd.eval.metrics import Tally
-from clagd.eval.pipelines import Pipeline
+from clagd.eval.pipelines import Organization, Pipeline, add_organization
 from clagd.model import memory_id
 from clagd.slm.base import Backend
 
@@ -96,7 +96,7 @@ class AnswerRun:
         self.scores = Scores(self.formats)
         self.retrieved = _Retrieved(k)
         self.cached_only = cached_only  # score only what the cache answers (per system)
-        self.organized: dict[str, int] = {}  # what organizing did, summed over conversations
+        self.organized: Organization = {}  # what organizing did, summed over conversations
 
     def conversation(
         self, conv: dict[str, Any], qs: list[Question], pipe: Pipeline, bar: Progress
@@ -107,8 +107,7 @@ class AnswerRun:
         try:
             pipe.ingest(cv.turns)
             self.retrieved.collect(pipe, base, cv, qs)
-            for key, n in pipe.organization().items():
-                self.organized[key] = self.organized.get(key, 0) + n
+            add_organization(self.organized, pipe.organization())
         finally:
             pipe.close()
         bar.line(f"{len(cv.turns)} turns in, {len(qs)} questions retrieved; asking the model")

@@ -38,8 +38,10 @@ from clagd.eval.metrics import Tally
 from clagd.eval.pipelines import (
     EnginePipeline,
     InProcessPipeline,
+    Organization,
     Pipeline,
     StreamEnginePipeline,
+    add_organization,
     line_tokens,
 )
 from clagd.model import memory_id, normalize_content
@@ -121,7 +123,7 @@ class _Run:
     ks: tuple[int, ...]
     tallies: dict[str, Tally] = field(default_factory=dict)
     per_cat: dict[int, dict[str, Tally]] = field(default_factory=dict)
-    org: dict[str, int] = field(default_factory=dict)
+    org: Organization = field(default_factory=dict)
     full_tokens: list[int] = field(default_factory=list)
     memories: int = 0
     conversations: int = 0
@@ -255,8 +257,7 @@ def _conversation(
         )
         sessions = {memory_id(t.content, scope): t.session for t in turns}
         _ask(pipe, base, qs, by_dia, run, bar, sessions)
-        for key, value in pipe.organization().items():
-            run.org[key] = run.org.get(key, 0) + value
+        add_organization(run.org, pipe.organization())
     finally:
         pipe.close()
 

@@ -11,7 +11,8 @@
   the same order, synchronously (quick ablations; the daemon run confirms).
 
 Every pipeline answers `query(text, k)` with the socket protocol's query result (a dict
-with `memories` and `tokens`) and `organization()` with counts of what organizing did.
+with `memories` and `tokens`) and `organization()` with counts of what organizing did (and
+the last session's reasons why clusters a model was asked to name kept lexical names).
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ from clagd.retrieval.results import label_tokens
 from clagd.scopes import DEFAULT_SCOPE
 from clagd.text import estimate_tokens
 
+# what organizing did: counts, and `naming_reasons` (a list of the first reasons)
+Organization = dict[str, int | list[str]]
+NAMING_REASONS = 6  # reasons kept when conversations are summed
+
 
 class Pipeline(Protocol):
     def ingest(self, turns: list[Turn]) -> None: ...
 
     def query(self, text: str, k: int) -> dict[str, Any]: ...
 
-    def organization(self) -> dict[str, int]: ...
+    def organization(self) -> Organization: ...
 
     def settle(self) -> None: ...
 
@@ -54,18 +59,32 @@ def line_tokens(result: dict[str, Any]) -> list[int]:
     ]
 
 
-def organization_of(status: dict[str, Any]) -> dict[str, int]:
+def organization_of(status: dict[str, Any]) -> Organization:
     """What organizing did, from a `status` result (the engine's or the daemon's)."""
     counts, counters = status["counts"], status["counters"]
+    last = status.get("last_session") or {}
     return {
         "sessions": int(counters.get("sessions", 0)),
         "route_passes": int(counters.get("route_passes", 0)),
         "routed": int(counters.get("routed", 0)),
         "named": int(counters.get("named", 0)),  # cluster profiles a model wrote
+        "naming_asked": int(counters.get("naming_asked", 0)),  # ... it was asked for
+        "naming_rejected": int(counters.get("naming_rejected", 0)),  # answers not used
+        "naming_reasons": [str(r) for r in last.get("naming_reasons") or []],
         "clusters": int(counts.get("clusters", 0)),
         "unsorted": int(counts.get("unsorted", 0)),
         "memories": int(counts.get("memories", 0)),
     }
+
+
+def add_organization(total: Organization, org: Organization) -> None:
+    """One conversation's `org` into `total`: counts summed, the first reasons kept."""
+    for key, value in org.items():
+        was = total.get(key)
+        if isinstance(value, list):
+            total[key] = ((was if isinstance(was, list) else []) + value)[:NAMING_REASONS]
+        else:
+            total[key] = (was if isinstance(was, int) else 0) + value
 
 
 class InProcessPipeline:
@@ -91,7 +110,7 @@ class InProcessPipeline:
     def query(self, text: str, k: int) -> dict[str, Any]:
         return self.index.search(text, max_memories=k, token_budget=0).to_dict()
 
-    def organization(self) -> dict[str, int]:
+    def organization(self) -> Organization:
         return {
             "sessions": 1,
             "route_passes": 0,
@@ -147,7 +166,7 @@ class EnginePipeline:
         res = self.engine.query(text, k, token_budget=0, scope=self.scope)
         return cast("dict[str, Any]", to_wire(res))
 
-    def organization(self) -> dict[str, int]:
+    def organization(self) -> Organization:
         return organization_of(cast("dict[str, Any]", to_wire(self.engine.status())))
 
     def settle(self) -> None:

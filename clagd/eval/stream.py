@@ -29,7 +29,7 @@ from clagd.client import Client, ClientError
 from clagd.config import BackendKind, Config
 from clagd.errors import ClagdError
 from clagd.eval.data import Turn, arrivals
-from clagd.eval.pipelines import organization_of
+from clagd.eval.pipelines import Organization, organization_of
 from clagd.scopes import DEFAULT_SCOPE
 from clagd.store.create import init_store
 from clagd.yamlio import dumps
@@ -204,7 +204,7 @@ class DaemonPipeline:
         if not is_idle(self.client.status().raw, self.dropped):
             self.wait_idle()
 
-    def organization(self) -> dict[str, int]:
+    def organization(self) -> Organization:
         return organization_of(self.client.status().raw)
 
     def close(self) -> None:

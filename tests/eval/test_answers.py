@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +345,53 @@ def test_a_model_can_organize_the_stores_clagd_answers_from(
         main, ["eval", "locomo", str(tiny), "--organizer-config", str(org)]
     )
     assert refused.exit_code == 2 and "goes with --answer" in refused.output
+
+
+def _namer(competent: Competent) -> Any:
+    """A model the gate lets name (the competent stand-in answers its scenes) that names a
+    session's groups by their first memory's longest word, but copies the instructions'
+    first words for the second group of each call."""
+
+    def answer(req: dict[str, Any]) -> dict[str, Any]:
+        user = req["messages"][-1]["content"]
+        if "(one)" not in user and "(two)" not in user:  # the gate's scenes
+            return competent(req)
+        prompt = re.findall(r"[A-Za-z']+", req["messages"][0]["content"])
+        out = {}
+        for key, first in re.findall(r"^(G\d+) \(.*\n- (.*)$", user, re.M):
+            word = max(re.findall(r"[A-Za-z]+", first), key=len)
+            name = " ".join(prompt[1:4]) if key == "G2" else f"talk of {word}"
+            out[key] = {"name": name, "description": f"About {word}.", "tags": [word]}
+        return {"content": {"groups": out}}
+
+    return answer
+
+
+def test_the_eval_says_how_many_clusters_the_model_named_and_why_not_more(
+    tiny: Path, tmp_path: Path
+):
+    """`organization` in the eval's JSON: the clusters a model was asked to name, named, and
+    whose answer was rejected, with the first reasons (issue 27: 9 of 52 named, nobody
+    could tell why)."""
+    gold = {q: a for q, _c, _e, a in QA}
+    with FakeOllama(models=[MODEL]) as answering, FakeOllama(models=[MODEL]) as organizing:
+        answering.default = _oracle(gold)
+        organizing.default = _namer(Competent())
+        cfg, org = tmp_path / "answer.yaml", tmp_path / "organize.yaml"
+        cfg.write_text(f"backend:\n  kind: ollama\n  ollama:\n    host: {answering.url}\n")
+        org.write_text(
+            f"backend:\n  kind: ollama\n  ollama:\n    host: {organizing.url}\n"
+            "  gate:\n    tasks: name\n"
+        )
+        args = ["eval", "locomo", str(tiny), "--answer", "--config", str(cfg), "--json"]
+        args += ["--questions", "4", "--protocol", "batch", "--organizer-config", str(org)]
+        out = CliRunner().invoke(main, args)
+        calls = [c for c in organizing.chats if "(one)" in str(c) or "(two)" in str(c)]
+    assert out.exit_code == 0, out.output
+    res = json.loads(out.stdout)["organization"]
+    keys = [c["format"]["properties"]["groups"]["required"] for c in calls]
+    asked, copied = sum(map(len, keys)), sum("G2" in k for k in keys)
+    assert res["sessions"] >= 1 and res["naming_asked"] == asked and copied >= 1
+    assert res["naming_rejected"] == copied and res["named"] == asked - copied
+    reasons = res["naming_reasons"]
+    assert len(reasons) == copied and all("copies the prompt" in r for r in reasons), reasons
