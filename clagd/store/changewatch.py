@@ -138,12 +138,6 @@ class ChangeWatch:
         """After it: whether it found nothing to take in (else the next check is full too)."""
         self._clean = clean
 
-    def unsettle(self) -> None:
-        """A move of the branch was taken in (a person's reset, rebase, commit): what the
-        index holds against the new HEAD is unknown (a `reset --soft` leaves the old tree
-        staged with the index file untouched), so the next check asks git."""
-        self._clean = False
-
     # -- inotify --------------------------------------------------------------------------
     def _arm(self) -> None:
         """Watch every folder not watched (again: removed and made anew, or never there)."""

@@ -90,8 +90,6 @@ class BranchFollower:
             )
             raise Paused(self.paused) from None
         self.git.base = head
-        if self.git.watch is not None:
-            self.git.watch.unsettle()  # staged against the new HEAD? git is asked next
         self.outside_moves += 1
         if removed and old is not None:
             rewrite = head is None or not self.git.is_ancestor(old, head)

@@ -14,7 +14,6 @@ import yaml
 
 from clagd.engine.core import Engine
 from clagd.errors import Paused
-from clagd.organize import session as session_mod
 from clagd.store import changewatch
 from clagd.store.gitrepo import GitStore
 from tests.helpers import git, make_store
@@ -169,57 +168,3 @@ def test_without_inotify_every_write_asks_git(root: Path, monkeypatch: pytest.Mo
         assert "the user's bicycle is a grey Gazelle" in _contents(eng)
     finally:
         eng.close()
-
-
-def test_a_soft_reset_leaves_its_tree_staged_and_the_next_write_waits(
-    eng: Engine, root: Path
-) -> None:
-    # `git reset --soft` moves the branch and leaves the index file as it was: the watch
-    # cannot see the change, and the move taken in must make the next write ask git
-    _first_adds(eng)
-    eng.add([{"content": "the note a soft reset takes out of HEAD"}])
-    git(root, "reset", "-q", "--soft", "HEAD~1")
-    assert git(root, "diff", "--cached", "--name-only", "HEAD", "--", "unsorted")
-    with pytest.raises(Paused, match="changes are staged in the memory folders"):
-        eng.add([{"content": "written while the reset's tree is staged"}])
-    git(root, "commit", "-qm", "the person commits what the reset left staged")
-    eng.add([{"content": "written once the person committed it"}])
-    assert {"the note a soft reset takes out of HEAD", "written once the person committed it"} <= (
-        _contents(eng)
-    )
-
-
-def test_a_session_commit_asks_git_for_staged_changes_only_after_a_change(
-    eng: Engine, root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # a commit of a session (or archive, route pass, revert) refuses staged changes; when
-    # the watch saw nothing but the daemon since a clean check, git is not asked
-    for i in range(12):
-        eng.add([{"content": f"the user planted tulip bulb number {i} in the garden bed"}])
-    calls: list[str] = []
-    real = GitStore.staged_paths
-
-    def counted(git_store: GitStore, dirs: object) -> list[str]:
-        calls.append("diff --cached")
-        return real(git_store, dirs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(GitStore, "staged_paths", counted)
-    out = eng.recluster(backend="none")
-    assert out.status == "accepted", out.reasons
-    assert calls == []
-    # a person's `git add` of a memory file after the session's full check, just before
-    # its plan is committed: the commit asks git, and waits
-    for i in range(12):
-        eng.add([{"content": f"the user watered rose bush number {i} on Sunday morning"}])
-    real_apply = session_mod._apply_plan_op
-
-    def staged_first(ctx: object, arg: object) -> object:
-        shard = next((root / "clusters").glob("*.yaml"))
-        shard.write_text(shard.read_text() + "# the person's note\n")
-        git(root, "add", str(shard.relative_to(root)))
-        return real_apply(ctx, arg)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(session_mod, "_apply_plan_op", staged_first)
-    with pytest.raises(Paused, match="changes are staged in the memory folders"):
-        eng.recluster(backend="none")
-    assert calls == ["diff --cached"]
