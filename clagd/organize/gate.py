@@ -54,7 +54,7 @@ from clagd.organize.naming import (
     Profile,
     naming_messages,
     naming_schema,
-    parse_profiles,
+    read_profiles,
 )
 from clagd.organize.plan import PlanError
 from clagd.organize.plan_checks import validate_plan
@@ -370,7 +370,7 @@ def _name(meter: _Meter, scene: Scene, cfg: SessionConfig) -> Hits:
     keys = {g: f"G{i}" for i, g in enumerate(sorted(scene.groups), 1)}
     groups = [(keys[g], [m for m in mems if truth[m.id] == g]) for g in sorted(scene.groups)]
     data = meter.call(naming_messages(groups), naming_schema(list(keys.values())))
-    got = parse_profiles(data, list(keys.values()), set())
+    got, _why = read_profiles(data, list(keys.values()), set())
     model = _profiled(scene, mems, truth, {g: got.get(k) for g, k in keys.items()})
     lexical = _profiled(scene, mems, truth, lexical_profiles(scene, cfg))
     return [

@@ -173,11 +173,6 @@ def read_profiles(
     return out, rejected
 
 
-def parse_profiles(data: object, keys: Sequence[str], taken: set[str]) -> dict[str, Profile]:
-    """The usable profiles of a naming answer, by key (`read_profiles` without reasons)."""
-    return read_profiles(data, keys, taken)[0]
-
-
 def _scope_of(group: tuple[str, Sequence[Memory]]) -> str:
     return group[1][0].scope if group[1] else DEFAULT_SCOPE
 

@@ -46,7 +46,7 @@ def check_invariants(
         for cid, c in table.items():
             _cluster_problems(cid, c, problems)
             if area == "clusters":
-                named = (c.scope, c.name.strip().casefold())
+                named = name_key(c.scope, c.name)
                 if named in names:
                     problems.append(f"two clusters are named {c.name!r}")
                 names[named] = cid
