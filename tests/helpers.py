@@ -117,6 +117,27 @@ def git(root: Path, *args: str) -> str:
     ).stdout
 
 
+def remote_head(bare: Path) -> str:
+    """The commit a bare remote's `main` names, or "" before the first push made it."""
+    out = subprocess.run(
+        ["git", "--git-dir", str(bare), "rev-parse", "-q", "--verify", "refs/heads/main"],
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+def remote_has(bare: Path, commit: str) -> bool:
+    """The bare remote's `main` is `commit` or a later commit made on top of it."""
+    head = remote_head(bare)
+    if not head:
+        return False
+    out = subprocess.run(
+        ["git", "--git-dir", str(bare), "merge-base", "--is-ancestor", commit, head]
+    )
+    return out.returncode == 0
+
+
 def head_contents(root: Path) -> list[str]:
     """Every memory's content in HEAD (clusters, archive, unsorted), read through git."""
     out = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import DaemonProcess, git, head_contents, make_store, wait_for
+from helpers import DaemonProcess, git, head_contents, make_store, remote_head, wait_for
 
 from clagd.cli import main
 from clagd.client import ClientError
@@ -54,12 +54,7 @@ def _bare(path: Path) -> Path:
 
 
 def _pushed(bare: Path, head: str) -> bool:
-    out = subprocess.run(
-        ["git", "--git-dir", str(bare), "rev-parse", "-q", "--verify", "refs/heads/main"],
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.strip() == head
+    return remote_head(bare) == head
 
 
 def test_purge_leaves_no_trace_in_history(tmp_path: Path, short_tmp: Path) -> None:

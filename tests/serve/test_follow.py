@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import DaemonProcess, git, make_store, wait_for
+from helpers import DaemonProcess, git, make_store, remote_head, wait_for
 from test_protocol_doc import _check, _rows, _sections
 
 from clagd.client import Client, ClientError
@@ -123,12 +123,7 @@ def _primary(tmp_path: Path, sock: Path, remote: str) -> DaemonProcess:
 def _pushed(bare: Path, primary: DaemonProcess) -> bool:
     with primary.client() as c:
         head = c.status()["head"]
-    out = subprocess.run(
-        ["git", "--git-dir", str(bare), "rev-parse", "-q", "--verify", "refs/heads/main"],
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.strip() == head
+    return remote_head(bare) == head
 
 
 @pytest.fixture
