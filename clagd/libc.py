@@ -1,12 +1,15 @@
-"""The two C library calls clagd makes through ctypes, with the library loaded once:
-`syncfs(2)` (one flush per commit, store/durable.py) and glibc's `malloc_trim` (the heap
-freed by a full load handed back to the system, serve/daemon.py). Both are optional: where
-the C library lacks them, the callers take their slower or larger path."""
+"""The three C library calls clagd makes through ctypes, with the library loaded once:
+`syncfs(2)` (one flush per commit, store/durable.py), `renameat2(2)` with RENAME_EXCHANGE
+(a file's old version kept out of the writer's hold, store/durable.py `Trash`) and glibc's
+`malloc_trim` (the heap freed by a full load handed back to the system, serve/daemon.py).
+All are optional: where the C library or the filesystem lacks them, the callers take their
+slower or larger path."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import os
 from pathlib import Path
@@ -32,6 +35,26 @@ def syncfs(path: Path) -> bool:
         return bool(fn(fd) == 0)
     finally:
         os.close(fd)
+
+
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def rename_exchange(a: Path, b: Path) -> bool:
+    """Swap the files at `a` and `b` in one atomic step (renameat2 RENAME_EXCHANGE): each
+    name then holds what the other held. False where the C library, the kernel or the
+    filesystem cannot (the caller takes `os.replace`); OSError for anything else (e.g. one
+    of them is missing)."""
+    fn = getattr(libc(), "renameat2", None)
+    if fn is None:
+        return False
+    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def malloc_trim() -> bool:

@@ -115,7 +115,9 @@ class ForgetOps:
         """After a commit that took `ids` out (writer thread): no copy of them stays. The
         index is rebuilt whole (an incremental change only clears a slot's bit, and keeps
         its text and terms), so are the query processes' copies; the warm start is saved
-        again (removed when it cannot be)."""
+        again (removed when it cannot be); the files' old versions the commit replaced are
+        unlinked now, not on the reaper thread."""
+        ctx.w.trash.empty()
         self.known -= ids
         self.fragments.drop(ids)
         self.stats.forget(ids)

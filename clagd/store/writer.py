@@ -29,7 +29,7 @@ from clagd.model import Cluster, Memory
 from clagd.store.changes import DATA_DIRS, StoreChange, read_changes, unsorted_change
 from clagd.store.changewatch import ChangeWatch, Key, file_key
 from clagd.store.drop import drop_memories
-from clagd.store.durable import atomic_write_text, fsync_dir, fsync_file
+from clagd.store.durable import Trash, atomic_write_text, fsync_dir, fsync_file
 from clagd.store.files import (
     Fragments,
     Paths,
@@ -201,6 +201,7 @@ class WriteContext:
         self.state.note_places(self._clusters, self._archive, self._shards)
         self.clear()
         w.publish(replace(change, commit=sha), prepared)
+        w.reap()
         return sha
 
     def _change(self) -> tuple[StoreChange, list[tuple[str, list[Memory]]]]:
@@ -280,12 +281,13 @@ class WriteContext:
         a person's stash, reset or checkout between this write and the commit must not
         make the commit miss the change while the memories are acknowledged."""
         rel = str(path.relative_to(self.paths.root))
+        trash = self.w.trash
         if text is None:
-            path.unlink(missing_ok=True)
+            trash.remove(path)
             self._blobs[rel] = self._keys[rel] = None
             return
         data = text.encode("utf-8")
-        atomic_write_text(path, text, sync_dir=False, fsync=fsync, make_dir=True)
+        atomic_write_text(path, text, sync_dir=False, fsync=fsync, make_dir=True, trash=trash)
         self._keys[rel], self._blobs[rel] = file_key(path), blob_id(data)
 
     def revert(
@@ -426,6 +428,12 @@ class Writer(Generic[P]):
         self.on_thread_start = on_thread_start
         # a commit's files and git's commit run on this thread while the writer prepares
         self._git_thread = ThreadPoolExecutor(1, "clagd-writer-git", self._thread_started)
+        # the old versions of the files it replaces or removes, unlinked after each commit
+        # on the reaper thread (`durable.Trash`); what a crash left is unlinked now
+        self.trash = Trash(self.paths.runtime / "trash")
+        self.trash.empty()
+        self._reaper = ThreadPoolExecutor(1, "clagd-writer-reap", self._thread_started)
+        self._reaping = threading.Event()  # set while an `empty` is queued
         self._q: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
@@ -469,6 +477,8 @@ class Writer(Generic[P]):
             self._q.put(None)
             self._thread.join(timeout)
         self._git_thread.shutdown(wait=False)
+        self._reaper.shutdown(wait=True)
+        self.trash.empty()
         self.watch.close()
 
     @overload
@@ -554,6 +564,21 @@ class Writer(Generic[P]):
             fut.exception()  # never leave git running unattended
             raise
         return fut.result(), prepared
+
+    def reap(self) -> None:
+        """Unlink the trash's files soon, on the reaper thread (one `empty` queued at most)."""
+        if self._reaping.is_set():
+            return
+        self._reaping.set()
+
+        def empty() -> None:
+            self._reaping.clear()  # what a later commit moves in gets its own run
+            self.trash.empty()
+
+        try:
+            self._reaper.submit(empty)
+        except RuntimeError:  # stopped: `stop` empties it
+            self._reaping.clear()
 
     def publish(self, change: StoreChange, prepared: P | None = None) -> None:
         """`change` is committed (or taken in): the publisher serves it, from what its
