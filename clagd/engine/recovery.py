@@ -9,12 +9,17 @@ never committed and its inputs are still in the inbox, so the files are put back
 from __future__ import annotations
 
 import logging
+import os
+import re
 
-from clagd.store.files import Paths
+from clagd.store.files import Paths, is_data_path
 from clagd.store.gitrepo import GitStore
 from clagd.store.writer import DATA_DIRS, TXN_FILE
 
 log = logging.getLogger("clagd")
+# the writer's temporary files (`durable._write_and_replace`: ".<file name>.<random>.tmp");
+# one a kill left holds a half-written new version or, after the exchange, the old one
+WRITER_TMP = re.compile(r"^\.(?P<name>[^/]+\.yaml)\.[A-Za-z0-9_]+\.tmp$")
 
 
 def recover(git: GitStore, paths: Paths) -> list[str]:
@@ -29,8 +34,32 @@ def recover(git: GitStore, paths: Paths) -> list[str]:
             git.restore_paths(touched)
         else:
             git.reset_paths_to_head(DATA_DIRS)
+        removed = _remove_writer_tmp(paths)
         txn.unlink()
-        notes.append("discarded a half-written change left by a stopped daemon")
+        notes.append(
+            "discarded a half-written change left by a stopped daemon"
+            + (f" ({removed} temporary files removed)" if removed else "")
+        )
     for note in notes:
         log.warning("recovery: %s", note)
     return notes
+
+
+def _remove_writer_tmp(paths: Paths) -> int:
+    """Remove the temporary files of the change a kill interrupted (never committed, never
+    read: git would show them as untracked files); how many."""
+    removed = 0
+    for area in DATA_DIRS:
+        try:
+            names = os.listdir(paths.root / area)
+        except OSError:
+            continue
+        for name in names:
+            m = WRITER_TMP.match(name)
+            if m and is_data_path(f"{area}/{m.group('name')}"):
+                try:
+                    os.unlink(paths.root / area / name)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed

@@ -76,11 +76,17 @@ def test_start_after_a_kill_mid_write_restores_only_the_files_of_that_change(
     # and a hand edit of the user's, elsewhere, at the same time
     mine = root / "unsorted" / "u-20260101T000000-cccccc.yaml"
     mine.write_text(yaml.safe_dump({"memories": [Memory.new("the user's own note").to_dict()]}))
+    # the temporary file of a write the kill cut (after the exchange: the old version)
+    tmp = root / "unsorted" / f".{shard.name}.k3_x9abc.tmp"
+    tmp.write_text(committed)
+    other = root / "unsorted" / ".notes.txt.tmp"  # not the writer's: left alone
+    other.write_text("the user's")
     rel = [str(p.relative_to(root)) for p in (shard, half)]
     (root / ".git" / "clagd-txn").write_text("ingest: 1 memory\n" + "\n".join(rel) + "\n")
     eng = Engine(root)
     try:
         assert shard.read_text() == committed and not half.exists() and mine.exists()
+        assert not tmp.exists() and other.exists()
         contents = sorted(m.content for m, _a, _k in eng.state.all_memories())
         assert contents == ["a committed memory", "the user's own note"]
         assert not (root / ".git" / "clagd-txn").exists()
