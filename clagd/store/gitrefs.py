@@ -32,6 +32,10 @@ class Refs(GitRunner):
 
     def head(self) -> str | None:
         try:
+            return gitstate.read_head(self.gitdir, self.commondir)
+        except gitstate.RefNotRead:
+            pass
+        try:
             return self.run("rev-parse", "--verify", "-q", "HEAD").strip() or None
         except GitFailed:
             return None
@@ -78,6 +82,10 @@ class Refs(GitRunner):
 
     def branch_head(self) -> str | None:
         """The commit the daemon's branch points to (None: the branch does not exist)."""
+        try:
+            return gitstate.read_branch(self.commondir, self.branch)
+        except gitstate.RefNotRead:
+            pass
         try:
             out = self.run("rev-parse", "--verify", "-q", f"refs/heads/{self.branch}^{{commit}}")
             return out.strip() or None

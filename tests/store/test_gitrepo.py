@@ -141,3 +141,69 @@ def test_only_the_daemons_own_scratch_index_is_split(store: Path) -> None:
     assert scratch and (store / scratch).exists(), scratch
     assert git(store, "rev-parse", "--shared-index-path").strip() == ""
     assert git(store, "status", "--porcelain", "--", "unsorted", "clusters") == ""
+
+
+def _rev(root: Path, ref: str) -> str | None:
+    out = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", f"{ref}^{{commit}}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() or None
+
+
+def test_refs_read_from_the_files_say_what_git_says(tmp_path: Path) -> None:
+    from clagd.store import gitstate
+
+    root = tmp_path / "r"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
+    gitdir = root / ".git"
+    assert gitstate.read_head(gitdir, gitdir) is None  # unborn
+    assert gitstate.read_branch(gitdir, "main") is None
+    for i in range(2):
+        (root / f"f{i}").write_text(str(i))
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", f"c{i}")
+    git(root, "branch", "side", "HEAD~1")
+    g = GitStore(root)
+    for step in ("loose", "packed", "packed and loose", "detached", "deleted"):
+        if step == "packed":
+            git(root, "pack-refs", "--all")
+            assert not (gitdir / "refs" / "heads" / "main").exists()
+        elif step == "packed and loose":
+            git(root, "commit", "-q", "--allow-empty", "-m", "after the pack")
+        elif step == "detached":
+            git(root, "checkout", "-q", "--detach", "HEAD~1")
+        elif step == "deleted":
+            git(root, "branch", "-D", "side")
+        for branch in ("main", "side", "nope"):
+            assert gitstate.read_branch(gitdir, branch) == _rev(root, f"refs/heads/{branch}"), (
+                step,
+                branch,
+            )
+        assert gitstate.read_head(gitdir, gitdir) == _rev(root, "HEAD"), step
+        assert g.head() == _rev(root, "HEAD")
+    # a symbolic ref under refs/heads: only git can tell, and the store asks it
+    git(root, "symbolic-ref", "refs/heads/alias", "refs/heads/main")
+    with pytest.raises(gitstate.RefNotRead):
+        gitstate.read_branch(gitdir, "alias")
+    g.branch = "alias"
+    assert g.branch_head() == _rev(root, "refs/heads/main")
+
+
+def test_a_linked_worktree_reads_its_own_head_and_the_shared_branches(tmp_path: Path) -> None:
+    from clagd.store import gitstate
+
+    root = tmp_path / "r"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
+    (root / "f").write_text("x")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "first")
+    git(root, "worktree", "add", "-q", "-b", "wt", str(tmp_path / "wt"))
+    git(tmp_path / "wt", "commit", "-q", "--allow-empty", "-m", "in the worktree")
+    g = GitStore(tmp_path / "wt")
+    assert g.commondir != g.gitdir
+    assert gitstate.read_head(g.gitdir, g.commondir) == _rev(tmp_path / "wt", "HEAD")
+    assert g.head() == _rev(tmp_path / "wt", "HEAD") != _rev(root, "HEAD")
+    assert gitstate.read_branch(g.commondir, "main") == _rev(root, "HEAD")
