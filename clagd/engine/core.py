@@ -25,7 +25,7 @@ from clagd.engine import archive, history, lookup, summary, updating
 from clagd.engine.answer import answer
 from clagd.engine.forget_ops import ForgetOps
 from clagd.engine.hooks import EngineHooks, SessionRunner
-from clagd.engine.loader import load_store
+from clagd.engine.loader import gc_paused, load_store
 from clagd.engine.outside import OutsideChange, OutsideEdits
 from clagd.engine.recovery import recover
 from clagd.engine.requests import (
@@ -98,20 +98,26 @@ class Engine(ForgetOps, RouteOps):
         self.ignored = IgnoredFiles(self.root)
         self.special = SpecialFiles(self.root, DATA_DIRS)
         self.session_memo = SessionMemo()
-        state = self._load()
-        self._archive_index: Index | None = None
-        self._archived = dict(state.archived)
-        self.known = state.memory_ids()
-        self.stats = AccessStats(self.git.gitdir / STATS_FILE, self.paths.runtime / "stats.json")
-        self.writer: Writer[NextIndex] = Writer(
-            self.root,
-            state,
-            self.git,
-            publisher=self,
-            fragments=self.fragments,
-            on_thread_start=self.hooks.on_thread_start,
-        )
-        self._summaries = summary.summarize(state)
+        # the load and everything made from the loaded state (the writer's frozen copies,
+        # names table and places, the summaries) without a cyclic GC pass over the growing
+        # heap: they only allocate what they keep (the daemon freezes it all once serving)
+        with gc_paused():
+            state = self._load()
+            self._archive_index: Index | None = None
+            self._archived = dict(state.archived)
+            self.known = state.memory_ids()
+            self.stats = AccessStats(
+                self.git.gitdir / STATS_FILE, self.paths.runtime / "stats.json"
+            )
+            self.writer: Writer[NextIndex] = Writer(
+                self.root,
+                state,
+                self.git,
+                publisher=self,
+                fragments=self.fragments,
+                on_thread_start=self.hooks.on_thread_start,
+            )
+            self._summaries = summary.summarize(state)
         self.counters = summary.new_counters()
         self.routes = RouteQueue(self.config.ingest.route_delay_seconds)
         # off the writer, giving way to its writes
