@@ -656,7 +656,6 @@ class Writer(Generic[P]):
         in a move of the branch that the daemon did not make (`store/following.py`)."""
         moved = self.branch.sync(self.state)
         if moved is not None:
-            self.watch.unsettle()  # staged against the new HEAD? the next check asks git
             self.state, change = moved
             self.publish(change)
 
