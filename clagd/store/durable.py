@@ -56,10 +56,10 @@ class Trash:
     def replace(self, tmp: Path, path: Path) -> None:
         """`os.replace(tmp, path)`, the old file at `path` kept here for `empty()`."""
         try:
-            regular = stat.S_ISREG(os.lstat(path).st_mode)
+            swapped = stat.S_ISREG(os.lstat(path).st_mode) and rename_exchange(tmp, path)
         except FileNotFoundError:
-            regular = False
-        if not (regular and rename_exchange(tmp, path)):
+            swapped = False  # nothing there (or removed since the lstat: a person's rm)
+        if not swapped:
             os.replace(tmp, path)
             return
         self.keep(tmp)  # the old version, at the temporary name now

@@ -148,3 +148,25 @@ def test_forget_leaves_no_old_version_in_the_trash(
                 assert "4321" not in (Path(dirpath) / f).read_text(errors="replace")
     finally:
         eng.close()
+
+
+def test_a_file_removed_between_the_check_and_the_swap_is_written_anew(
+    tmp_path: Path, exchange: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person's `rm` (or `git rm -r`) between the writer's look at the old file and the
+    exchange: the new file is written as a plain rename would, not a FileNotFoundError."""
+    import clagd.store.durable as durable
+
+    trash = Trash(tmp_path / "trash")
+    path = tmp_path / "c.yaml"
+    path.write_text("old\n")
+    real = durable.rename_exchange
+
+    def removed_first(a: Path, b: Path) -> bool:
+        os.unlink(b)
+        return real(a, b)
+
+    monkeypatch.setattr(durable, "rename_exchange", removed_first)
+    atomic_write_text(path, "new\n", sync_dir=False, fsync=False, trash=trash)
+    assert path.read_text() == "new\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
