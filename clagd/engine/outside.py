@@ -129,9 +129,9 @@ class OutsideEdits:
         watch.end_full(clean=mine)
         # the status's index column is `git diff --cached HEAD` of the same folders: one git
         # command checks both (the commit later in this operation relies on it)
-        ctx.refuse_staged(staged)
+        settled = ctx.settle_staged(staged)
         ctx.staged_checked()
-        return dirty
+        return [p for p in dirty if p not in settled]
 
     def _reidentify_committed_edits(self, ctx: WriteContext) -> None:
         """Memories the person edited by hand and committed (noted when the move of the

@@ -10,6 +10,9 @@ import itertools
 import os
 import stat
 import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from clagd.libc import rename_exchange
@@ -49,9 +52,31 @@ class Trash:
     or `path` is not a regular file, `os.replace` as before. The folder is emptied at
     start-up (what a crash left) and right after a forget (no copy stays)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, on_thread_start: Callable[[], None] | None = None) -> None:
         self.folder = folder
         self._names = itertools.count()
+        self._reaper = ThreadPoolExecutor(1, "clagd-writer-reap", on_thread_start)
+        self._reaping = threading.Event()  # set while an `empty` is queued
+
+    def reap_soon(self) -> None:
+        """`empty()` on the reaper thread (one queued at most)."""
+        if self._reaping.is_set():
+            return
+        self._reaping.set()
+
+        def empty() -> None:
+            self._reaping.clear()  # what a later commit moves in gets its own run
+            self.empty()
+
+        try:
+            self._reaper.submit(empty)
+        except RuntimeError:  # closed: `close` emptied it
+            self._reaping.clear()
+
+    def close(self) -> None:
+        """Stop the reaper thread, then empty the trash here."""
+        self._reaper.shutdown(wait=True)
+        self.empty()
 
     def replace(self, tmp: Path, path: Path) -> None:
         """`os.replace(tmp, path)`, the old file at `path` kept here for `empty()`."""

@@ -112,8 +112,14 @@ class WriteContext:
         `add` as a session, an archive, a route pass or a revert: none is made on top."""
         if self._staged_checked:
             return
-        self.refuse_staged(self.git.staged_paths(DATA_DIRS))
+        self.settle_staged(self.git.staged_paths(DATA_DIRS))
         self._staged_checked = True
+
+    def settle_staged(self, paths: list[str]) -> set[str]:
+        """`refuse_staged` after `Writer.settle_own_staged`; returns the files put back."""
+        settled = self.w.settle_own_staged(paths)
+        self.refuse_staged([p for p in paths if p not in settled])
+        return settled
 
     def staged_checked(self) -> None:
         """`refuse_staged` passed on this operation's `git status`: the commit need not ask."""
@@ -200,8 +206,9 @@ class WriteContext:
         # where the memories of the changed files are now: found there without a pass
         self.state.note_places(self._clusters, self._archive, self._shards)
         self.clear()
+        w.rolled_back.clear()  # the staged check before this commit found no leftover
         w.publish(replace(change, commit=sha), prepared)
-        w.reap()
+        w.trash.reap_soon()
         return sha
 
     def _change(self) -> tuple[StoreChange, list[tuple[str, list[Memory]]]]:
@@ -429,11 +436,9 @@ class Writer(Generic[P]):
         # a commit's files and git's commit run on this thread while the writer prepares
         self._git_thread = ThreadPoolExecutor(1, "clagd-writer-git", self._thread_started)
         # the old versions of the files it replaces or removes, unlinked after each commit
-        # on the reaper thread (`durable.Trash`); what a crash left is unlinked now
-        self.trash = Trash(self.paths.runtime / "trash")
+        # on the trash's reaper thread; what a crash left is unlinked now
+        self.trash = Trash(self.paths.runtime / "trash", self._thread_started)
         self.trash.empty()
-        self._reaper = ThreadPoolExecutor(1, "clagd-writer-reap", self._thread_started)
-        self._reaping = threading.Event()  # set while an `empty` is queued
         self._q: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
@@ -448,6 +453,8 @@ class Writer(Generic[P]):
         # a follower's writer never commits: why not (the primary's remote), "" on a primary
         self.read_only = ""
         self.moved_retries = 0  # commits retried after the branch moved under them
+        # the files the last rollbacks put back to HEAD (`settle_own_staged`)
+        self.rolled_back: set[str] = set()
         self.holds = Holds()  # the longest operation the thread ran
         self.idle = WriterIdle()  # long work off the writer gives way (`store/holds.py`)
         self.frozen = FrozenClusters()  # copies of the hot clusters, for snapshots
@@ -477,8 +484,7 @@ class Writer(Generic[P]):
             self._q.put(None)
             self._thread.join(timeout)
         self._git_thread.shutdown(wait=False)
-        self._reaper.shutdown(wait=True)
-        self.trash.empty()
+        self.trash.close()
         self.watch.close()
 
     @overload
@@ -565,20 +571,17 @@ class Writer(Generic[P]):
             raise
         return fut.result(), prepared
 
-    def reap(self) -> None:
-        """Unlink the trash's files soon, on the reaper thread (one `empty` queued at most)."""
-        if self._reaping.is_set():
-            return
-        self._reaping.set()
-
-        def empty() -> None:
-            self._reaping.clear()  # what a later commit moves in gets its own run
-            self.trash.empty()
-
-        try:
-            self._reaper.submit(empty)
-        except RuntimeError:  # stopped: `stop` empties it
-            self._reaping.clear()
+    def settle_own_staged(self, staged: list[str]) -> set[str]:
+        """The files among `staged` that a rollback of the daemon's put back, made as HEAD
+        has them again; returns them. A person's `git commit` that starts between the
+        daemon's staging of a file and the rollback's `git reset` of it commits the file,
+        which the reset leaves staged as deleted: the daemon's doing, not the person's."""
+        own = sorted(p for p in staged if p in self.rolled_back)
+        if own:
+            self.git.restore_paths(own)
+            self.rolled_back.difference_update(own)
+            log.info("put back as HEAD has them (a rollback raced a git commit): %s", own)
+        return set(own)
 
     def publish(self, change: StoreChange, prepared: P | None = None) -> None:
         """`change` is committed (or taken in): the publisher serves it, from what its
@@ -666,6 +669,7 @@ class Writer(Generic[P]):
         if rel_paths:
             try:
                 self.git.restore_paths(rel_paths)
+                self.rolled_back.update(rel_paths)
                 self.end_txn()
                 # the state goes back to the commit the view is on (`base`), from git's
                 # objects: HEAD may be the person's checkout elsewhere (why the operation

@@ -329,6 +329,67 @@ def test_a_file_unstaged_by_the_persons_git_while_clagd_commits_is_not_dropped(
         eng.close()
 
 
+def test_a_rollback_raced_by_a_persons_commit_does_not_pause_writes(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person's `git commit` takes git's index as it is when it starts. One that starts
+    after the daemon staged a new shard, but lands after the daemon's rollback of that
+    write (its commit paused: the person's `git rm` held the index lock) unstaged and
+    removed the shard, commits the shard: HEAD has it, the index and the tree do not.
+    Every later write then paused on "changes are staged" for good (seen under load in
+    tests/robustness/test_missing_folders.py). The daemon puts its own file back as
+    HEAD has it and writes on; HEAD keeps every memory once."""
+    eng = Engine(store)
+    try:
+        eng.add([{"content": "a memory before the race"}])
+        real_update, real_restore = GitStore.update_branch, GitStore.restore_paths
+        paused: list[str] = []
+
+        def paused_once(self: GitStore, new: str, expected: str | None, why: str) -> None:
+            if not paused:
+                paused.append(why)
+                raise Paused("a git command is running in the store (the person's git rm)")
+            real_update(self, new, expected, why)
+
+        def racing_restore(self: GitStore, rel_paths: list[str]) -> None:
+            taken = git(store, "write-tree").strip()  # the person's commit starts
+            real_restore(self, rel_paths)  # the daemon's rollback
+            head = git(store, "rev-parse", "HEAD").strip()
+            commit = git(store, "commit-tree", taken, "-p", head, "-m", "person").strip()
+            git(store, "update-ref", "refs/heads/main", commit, head)  # and lands
+
+        monkeypatch.setattr(GitStore, "update_branch", paused_once)
+        monkeypatch.setattr(GitStore, "restore_paths", racing_restore)
+        with pytest.raises(Paused):
+            eng.add([{"content": "the memory whose write was paused"}])
+        monkeypatch.setattr(GitStore, "restore_paths", real_restore)
+        status = git(store, "status", "--porcelain", "--", "unsorted")
+        assert status.startswith("D  unsorted/"), status  # in HEAD, staged as deleted
+        assert eng.add([{"content": "a memory after the race"}]).added == 1
+        assert git(store, "status", "--porcelain", "--", "clusters", "unsorted") == ""
+        contents = head_contents(store)
+        for text in ("before the race", "whose write was paused", "after the race"):
+            assert sum(text in c for c in contents) == 1, text
+        _served_is_a_fresh_load_of_head(eng, store)
+    finally:
+        eng.close()
+
+
+def test_a_persons_staged_deletion_of_a_memory_file_still_pauses_writes(store: Path) -> None:
+    """The same index, staged by the person (`git rm --cached` of a committed shard, the
+    file removed): not the daemon's doing, so writes pause until the person decides."""
+    eng = Engine(store)
+    try:
+        eng.add([{"content": "a committed memory"}])
+        shard = next((store / "unsorted").glob("u-*.yaml"))
+        git(store, "rm", "-q", "--cached", str(shard.relative_to(store)))
+        shard.unlink()
+        with pytest.raises(Paused, match="staged"):
+            eng.add([{"content": "a memory while the deletion is staged"}])
+    finally:
+        eng.close()
+
+
 def test_a_move_of_the_branch_is_read_from_the_commit_not_a_passing_working_tree(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

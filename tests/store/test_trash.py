@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from helpers import git, make_store, wait_for
 
-import clagd.store.writer as writer_mod
 from clagd.engine.core import Engine
 from clagd.libc import rename_exchange
 from clagd.store.durable import Trash, atomic_write_text
@@ -130,7 +129,7 @@ def test_forget_leaves_no_old_version_in_the_trash(
     tmp_path: Path, exchange: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # no reaper: only the forget's own emptying can take the old versions out
-    monkeypatch.setattr(writer_mod.Writer, "reap", lambda self: None)
+    monkeypatch.setattr(Trash, "reap_soon", lambda self: None)
     root = make_store(tmp_path / "m")
     trash = root / ".clagd" / "trash"
     eng = Engine(root)
