@@ -138,6 +138,12 @@ class ChangeWatch:
         """After it: whether it found nothing to take in (else the next check is full too)."""
         self._clean = clean
 
+    def unsettle(self) -> None:
+        """The branch moved under the daemon (a reset, a person's commit): what git's index
+        holds is to be compared with the new HEAD, which no event says (`git reset --soft`
+        leaves the index as it was), so the next check is full."""
+        self._clean = False
+
     # -- inotify --------------------------------------------------------------------------
     def _arm(self) -> None:
         """Watch every folder not watched (again: removed and made anew, or never there)."""

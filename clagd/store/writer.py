@@ -453,8 +453,7 @@ class Writer(Generic[P]):
         # a follower's writer never commits: why not (the primary's remote), "" on a primary
         self.read_only = ""
         self.moved_retries = 0  # commits retried after the branch moved under them
-        # the files the last rollbacks put back to HEAD (`settle_own_staged`)
-        self.rolled_back: set[str] = set()
+        self.rolled_back: set[str] = set()  # put back by rollbacks (`settle_own_staged`)
         self.holds = Holds()  # the longest operation the thread ran
         self.idle = WriterIdle()  # long work off the writer gives way (`store/holds.py`)
         self.frozen = FrozenClusters()  # copies of the hot clusters, for snapshots
@@ -659,6 +658,7 @@ class Writer(Generic[P]):
         in a move of the branch that the daemon did not make (`store/following.py`)."""
         moved = self.branch.sync(self.state)
         if moved is not None:
+            self.watch.unsettle()  # staged against the new HEAD? the next check asks git
             self.state, change = moved
             self.publish(change)
 

@@ -158,6 +158,29 @@ def test_a_reset_is_taken_in_and_its_removed_memories_reported(daemon: InProcess
     _served_equals_head(daemon)
 
 
+def test_a_soft_reset_pauses_writes_until_its_staged_changes_are_settled(
+    daemon: InProcessDaemon,
+) -> None:
+    """`git reset --soft HEAD~1` moves the branch and leaves the undone commit's files
+    staged (git's index untouched): no write may commit on top of them, as after a
+    `git add` (before, the watch of the index saw nothing and the next add went through)."""
+    root = daemon.root
+    with daemon.client() as c:
+        for i in range(3):
+            c.add(f"memory number {i} before the soft reset")
+        git(root, "reset", "-q", "--soft", "HEAD~1")
+        head = git(root, "rev-parse", "HEAD").strip()
+        assert "staged" in _paused_add(c, "while the undone commit is staged")
+        assert git(root, "rev-parse", "HEAD").strip() == head  # nothing committed on top
+        git(root, "commit", "-q", "-m", "the person commits what the reset staged")
+        assert c.add("after the person's commit")["added"] == 1
+    contents = head_contents(root)
+    for i in range(3):
+        assert contents.count(f"memory number {i} before the soft reset") == 1
+    assert contents.count("after the person's commit") == 1
+    _served_equals_head(daemon)
+
+
 def test_rebase_and_amend_are_taken_in(daemon: InProcessDaemon) -> None:
     root = daemon.root
     git(root, "commit", "-qm", "test settings", "--", "clagd.yaml")  # a clean tree to rebase
