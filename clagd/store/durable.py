@@ -98,22 +98,20 @@ class Trash:
         """Move `path` in here; unlink it at once where that cannot be done (the folder on
         another filesystem, or not made)."""
         target = self.folder / f"{os.getpid()}-{next(self._names)}"
-        for attempt in (1, 2):
-            try:
+        try:
+            os.rename(path, target)
+            return
+        except FileNotFoundError:
+            if not os.path.lexists(path):
+                return  # removed meanwhile (a person's git clean)
+            try:  # the folder is missing (`git clean -fdx` of .clagd/)
+                self.folder.mkdir(parents=True, exist_ok=True)
                 os.rename(path, target)
                 return
-            except FileNotFoundError:
-                if not os.path.lexists(path):
-                    return  # removed meanwhile (a person's git clean)
-                if attempt == 1:  # the folder is missing (`git clean -fdx` of .clagd/)
-                    try:
-                        self.folder.mkdir(parents=True, exist_ok=True)
-                        continue
-                    except OSError:
-                        pass
             except OSError:
                 pass
-            break
+        except OSError:
+            pass
         try:
             os.unlink(path)
         except FileNotFoundError:
