@@ -7,7 +7,7 @@ text at a time; here a whole batch in one pass). Otherwise it stays unsorted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,17 +30,25 @@ _Row = tuple[np.ndarray, np.ndarray]
 
 def route_many(ix: Index, memories: Sequence[Memory]) -> list[str | None]:
     """`Index.route_many` (see there)."""
-    out: list[str | None] = [None] * len(memories)
+    return [cid for part in route_steps(ix, memories) for cid in part]
+
+
+def route_steps(ix: Index, memories: Sequence[Memory], step: int = 0) -> Iterator[list[str | None]]:
+    """`route_many`'s answers, `step` memories at a time (0: as many as one score matrix
+    holds): the scoring thread pauses between steps for the writer. Every term's dense row
+    is made once for the whole batch, not again at each step: a common term reaches ~40%
+    of the cluster slots, and remaking the rows for steps of 32 memories cost more than the
+    scoring itself (2,000 memories at 11k clusters: 1.73 s against 0.73 s)."""
     if not memories or not ix.profiles.slot_of:
-        return out
+        yield [None] * len(memories)
+        return
     term_rows, qs = _terms(ix, memories)
     rows = max(1, ROUTE_CELLS // len(ix.profiles.alive))
+    rows = min(rows, step) if step > 0 else rows
     scoped = not scopes_held(ix) | {m.scope for m in memories} <= {DEFAULT_SCOPE}
     for r0 in range(0, len(qs), rows):
         own = [m.scope for m in memories[r0 : r0 + rows]] if scoped else None
-        for i, cid in enumerate(_chunk(ix, qs[r0 : r0 + rows], term_rows, own)):
-            out[r0 + i] = cid
-    return out
+        yield _chunk(ix, qs[r0 : r0 + rows], term_rows, own)
 
 
 def _terms(ix: Index, memories: Sequence[Memory]) -> tuple[dict[int, _Row], list[list[int]]]:

@@ -13,7 +13,7 @@ what unpickling calls. Share a snapshot freely between threads.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -343,6 +343,10 @@ class Index:
         Clearly: its best cluster-profile BM25 score is at least `route_min_score` and beats
         the runner-up by `route_margin`."""
         return routing.route_many(self, memories)
+
+    def route_steps(self, memories: Sequence[Memory], step: int) -> Iterator[list[str | None]]:
+        """`route_many`'s answers, `step` memories at a time (`retrieval.routing`)."""
+        return routing.route_steps(self, memories, step)
 
 
 def _with_supersedes(c: ClusterSlots) -> list[int]:
