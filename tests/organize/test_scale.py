@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -271,10 +272,16 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
     eng = Engine(store)
     calls: list[tuple[int, str]] = []
     real_route_many, real_route_shards = Index.route_many, route_ops.route_shards
+    real_route_steps = Index.route_steps
 
     def counting(self: Index, memories: list[Memory]) -> list[str | None]:
         calls.append((len(memories), threading.current_thread().name))
         return real_route_many(self, memories)
+
+    def counting_steps(self: Index, memories: list[Memory], step: int) -> Iterator[list]:
+        for part in real_route_steps(self, memories, step):  # a step's answers: scored
+            calls.append((len(part), threading.current_thread().name))
+            yield part
 
     slices: list[int] = []
 
@@ -291,6 +298,7 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
 
     try:
         monkeypatch.setattr(Index, "route_many", counting)
+        monkeypatch.setattr(Index, "route_steps", counting_steps)
         res = eng.add([{"content": f"{words} again"} for words in topics])
         assert res.route_deferred
         eng.scorer.wait(10)
@@ -315,6 +323,60 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
         holds = eng.status().writer.longest_by_op
         assert "_route_op" in holds
     finally:
+        eng.close()
+
+
+def test_a_pass_that_starts_while_its_burst_is_scored_ahead_scores_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass's op asks for every memory of a burst whose scoring ahead has not finished;
+    the scoring thread takes that request after the scoring ahead, and scores only what it
+    did not answer on the same index (issue 26: the burst was scored twice, 40% of a
+    2,000-memory pass's wait at 11k clusters)."""
+    from clagd.engine.routing import Scorer
+    from clagd.retrieval.index import Index
+
+    store, topics = _many_small_clusters(tmp_path)
+    n = len(topics)
+    eng = Engine(store)
+    scored: list[int] = []
+    real_steps, real_many = Index.route_steps, Index.route_many
+    real_score, real_for_pass = Scorer._score, Scorer.for_pass
+    gate, asked = threading.Event(), threading.Event()
+
+    def steps(self: Index, memories: list[Memory], step: int) -> Iterator[list]:
+        for part in real_steps(self, memories, step):
+            scored.append(len(part))
+            yield part
+
+    def many(self: Index, memories: list[Memory]) -> list[str | None]:
+        scored.append(len(memories))
+        return real_many(self, memories)
+
+    def held(self: Scorer, *args: object) -> None:
+        assert gate.wait(30), "the pass never asked for its scores"
+        real_score(self, *args)  # type: ignore[arg-type]
+
+    def for_pass(self: Scorer, *args: object) -> bool:
+        out = real_for_pass(self, *args)  # type: ignore[arg-type]
+        asked.set()
+        return out
+
+    monkeypatch.setattr(Index, "route_steps", steps)
+    monkeypatch.setattr(Index, "route_many", many)
+    monkeypatch.setattr(Scorer, "_score", held)
+    monkeypatch.setattr(Scorer, "for_pass", for_pass)
+    try:
+        assert eng.add([{"content": f"{words} again"} for words in topics]).route_deferred
+        assert eng.maybe_route(force=True, wait=False) is None
+        assert asked.wait(30)  # the op asked for all n, behind the scoring ahead
+        gate.set()
+        wait_for(lambda: len(eng.routes) == 0, 60, "every slice of the route pass")
+        eng.writer.call(lambda _ctx: None)
+        assert sum(scored) == n  # each memory scored once, ahead
+        assert eng.index_unsorted_count() == 0
+    finally:
+        gate.set()
         eng.close()
 
 
