@@ -118,6 +118,7 @@ class Engine(ForgetOps, RouteOps):
                 on_thread_start=self.hooks.on_thread_start,
             )
             self._summaries = summary.summarize(state)
+            self._counts = summary.CountsMemo()
         self.counters = summary.new_counters()
         self.routes = RouteQueue(self.config.ingest.route_delay_seconds)
         # off the writer, giving way to its writes
@@ -498,8 +499,8 @@ class Engine(ForgetOps, RouteOps):
             load_source=self.load_source,
             load_processes=self.load_processes,
             route_pending=len(self.routes),
-            counts=summary.counts(
-                self._summaries.values(), len(self.index), self.index.unsorted_by_scope(), scope
+            counts=self._counts.get(
+                self._summaries, len(self.index), self.index.unsorted_by_scope(), scope
             ),
             counters=dict(self.counters),
             writer=self.writer.status(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -332,6 +333,11 @@ def data_files(root: Path) -> list[str]:
     ]
 
 
+# the name of a cluster file (`is_data_path` of "clusters/" or "archive/" + it), checked in
+# one call: `status` lists those folders again after every change to them (11k names: 12 ms
+# through `is_data_path`, 2 ms so)
+CLUSTER_FILE_RE = re.compile(r"c-[0-9a-f]{8,32}\.yaml")
+
 # a folder changed this recently is listed every time: two changes within one tick of the
 # kernel's coarse file clock (at most 10 ms) leave the same mtime (git's "racy" case)
 IGNORED_RACY_NS = 100_000_000
@@ -369,14 +375,17 @@ class IgnoredFiles:
         if got is not None and got[0] == key:
             return got[1]
         try:
-            names = sorted(os.listdir(folder))
+            names = os.listdir(folder)
         except OSError:
             return []
-        found = [
+        plain = CLUSTER_FILE_RE.fullmatch if d != UNSORTED else None
+        found = sorted(
             f"{d}/{name}"
             for name in names
-            if name != ".gitkeep" and not is_data_path(f"{d}/{name}")
-        ]
+            if not (plain is not None and plain(name))  # a cluster file: one regex call
+            and name != ".gitkeep"
+            and not is_data_path(f"{d}/{name}")
+        )
         if time.time_ns() - st.st_mtime_ns > IGNORED_RACY_NS:
             self._seen[folder] = (key, found)
         else:
