@@ -52,7 +52,15 @@ def backend_test(c: Ctx, kind: str | None, cached: bool, scenes: int | None, as_
     """Measure the model on the competence gate's labelled set and say what it may do."""
     from clagd.organize.gate import backend_verdict
 
-    res, why = backend_verdict(c.store, kind, force=not cached, scenes=scenes)
+    # a line on stderr after each call of the model: the full gate of a 1.5B model on two
+    # cores is ~40 minutes of calls (stdout stays the verdict, or its JSON)
+    res, why = backend_verdict(
+        c.store,
+        kind,
+        force=not cached,
+        scenes=scenes,
+        progress=lambda line: click.echo(line, err=True),
+    )
     data = res.to_dict() if res is not None else {"backend": None, "reason": why}
     emit(data, as_json, _gate_text(res, why))
 

@@ -193,12 +193,18 @@ class _Meter:
         result: GateResult,
         timeout: float | None,
         deadline: float | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.backend, self.result, self.timeout = backend, result, timeout
         self.deadline = deadline
-        self.task = ""
+        self.task = self.where = ""  # the task, and "scene 2 of 4"
+        self.progress, self.t0 = progress, time.monotonic()  # a line after each call
 
-    def _count(self, seconds: float, prompt: int, completion: int) -> None:
+    def _count(self, seconds: float, prompt: int, completion: int, failed: bool = False) -> None:
+        if self.progress is not None:
+            so_far = f"{time.monotonic() - self.t0:.0f} s so far"
+            how = f"{'failed' if failed else 'answered'} in {seconds:.1f} s ({so_far})"
+            self.progress(f"gate: {self.task}, {self.where}: {how}")
         r = self.result
         r.calls += 1
         r.prompt_tokens += prompt
@@ -226,7 +232,7 @@ class _Meter:
         except BackendClosed:  # clagd is stopping: no verdict, rather than a wrong one
             raise
         except BackendError as exc:
-            self._count(time.monotonic() - start, exc.prompt_tokens, exc.completion_tokens)
+            self._count(time.monotonic() - start, exc.prompt_tokens, exc.completion_tokens, True)
             self.result.errors.append(str(exc)[:200])
             return None
         self._count(time.monotonic() - start, res.prompt_tokens, res.completion_tokens)
@@ -439,9 +445,11 @@ def measure(
     cfg: SessionConfig | None = None,
     total_seconds: float | None = None,
     tasks: tuple[str, ...] = TASKS,
+    progress: Callable[[str], None] | None = None,
 ) -> GateResult:
     """Run the gate's `tasks` on `backend` (one call per task and scene, none after
-    `total_seconds`) and decide; a task not in `tasks` is refused without a call."""
+    `total_seconds`; `progress` gets a line after each) and decide; a task not in `tasks`
+    is refused without a call."""
     start = time.monotonic()
     organize_t = load_prompt(prompts_dir, "organize.md")
     validate_t = load_prompt(prompts_dir, "validate.md")
@@ -455,10 +463,11 @@ def measure(
         identity=model_identity(backend),
     )
     deadline = start + total_seconds if total_seconds else None
-    meter = _Meter(backend, result, timeout, deadline)
+    meter = _Meter(backend, result, timeout, deadline, progress)
     cfg = cfg or SessionConfig()
     items = _Items()
-    for scene in picked:
+    for i, scene in enumerate(picked, 1):
+        meter.where = f"scene {i} of {len(picked)}"
         if "route" in tasks:
             meter.task = "route"
             items.route += _route(meter, scene)
@@ -596,10 +605,11 @@ def gate_for(
     cache_dir: Path,
     prompts_dir: Path | None,
     force: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> GateResult:
     """The cached verdict for `backend`: the store's, else the user's (measured for the same
     model file by another store: copied into this one), else measured now and kept in both
-    (or measured again when `force`)."""
+    (or measured again when `force`; `progress` as for `measure`)."""
     key = current_key(backend, prompts_dir, task_list(config.backend.gate.tasks))
     if not force:
         hit = _read(cache_file(cache_dir, backend), key)
@@ -622,6 +632,7 @@ def gate_for(
         cfg=config.session,
         total_seconds=gate.total_seconds,
         tasks=task_list(gate.tasks),
+        progress=progress,
     )
     store_result(cache_dir, backend, res)
     if not res.skipped:  # a measurement cut short is the store's, not every store's
@@ -646,7 +657,11 @@ class GateRefused(ClagdError):
 
 
 def backend_verdict(
-    store: Path, kind: str | None = None, force: bool = True, scenes: int | None = None
+    store: Path,
+    kind: str | None = None,
+    force: bool = True,
+    scenes: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[GateResult | None, str]:
     """`clagd backend test`: pick the backend as the daemon would (or `kind`), measure it
     (or reuse the cached verdict unless `force`) and store the verdict in the store's cache.
@@ -675,10 +690,11 @@ def backend_verdict(
                 config.session,
                 config.backend.gate.total_seconds,
                 task_list(config.backend.gate.tasks),
+                progress,
             )
             store_result(paths.runtime / "gate", backend, res)
         else:
-            res = gate_for(backend, config, paths.runtime / "gate", paths.prompts, force=force)
+            res = gate_for(backend, config, paths.runtime / "gate", paths.prompts, force, progress)
     finally:
         backend.close()
     return res, why

@@ -5,6 +5,7 @@ end to end through a real daemon with a competent stand-in (tests/competent.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -333,8 +334,17 @@ def test_backend_test_command(store: Path, fake: FakeOllama) -> None:
     fake.default = JUNK["copied_example"]
     res = runner.invoke(main, ["--store", str(store), "backend", "test", "--json"])
     assert res.exit_code == 0, res.output
-    data = json.loads(res.output)
+    data = json.loads(res.stdout)
     assert data["backend"] == "ollama" and "organize" not in data["allowed"] and data["copies"]
+    # a line on stderr after each call of the model, naming its task and scene
+    lines = res.stderr.splitlines()
+    assert len(lines) == data["calls"] and lines[0].startswith("gate: route, scene 1 of ")
+    assert all(
+        re.fullmatch(
+            r"gate: \w+, scene \d+ of \d+: (answered|failed) in [\d.]+ s \(\d+ s so far\)", x
+        )
+        for x in lines
+    ), lines
     fake.default = Competent()
     res = runner.invoke(main, ["--store", str(store), "doctor"])
     assert res.exit_code == 0 and "organize  model 1.00" in res.output
