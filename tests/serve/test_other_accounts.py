@@ -172,8 +172,12 @@ def test_shared_inbox_links_are_never_followed(
         )
         assert attack.returncode == 0, attack.stderr
         wait_for(lambda: not (inbox / "evil.json").exists(), 20, "the bad file rejected")
-        with d.client() as c:
-            refused = c.status()["inbox"]["rejected_refused"]
+
+        def reported() -> str:  # the watcher notes why once the file is moved
+            with d.client() as c:
+                return c.status()["inbox"]["rejected_refused"]
+
+        refused = wait_for(reported, 20, "the refusal in status")
     finally:
         d.stop()
     assert not target.exists() and not os.path.lexists(target)  # nothing written through it
