@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -234,17 +235,23 @@ def test_a_file_still_being_written_does_not_hold_the_pass_back(
 
 
 def _route_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many memories each `Index.route_many` call scores, from now on."""
+    """How many memories each `Index.route_many` or `route_steps` call scores (the scoring
+    ahead goes in steps), from now on."""
     from clagd.retrieval.index import Index
 
     calls: list[int] = []
-    real = Index.route_many
+    real, real_steps = Index.route_many, Index.route_steps
 
     def counting(self: Index, memories: list[Memory]) -> list[str | None]:
         calls.append(len(memories))
         return real(self, memories)
 
+    def counting_steps(self: Index, memories: list[Memory], step: int) -> Iterator[list]:
+        calls.append(len(memories))
+        return real_steps(self, memories, step)
+
     monkeypatch.setattr(Index, "route_many", counting)
+    monkeypatch.setattr(Index, "route_steps", counting_steps)
     return calls
 
 
@@ -290,22 +297,21 @@ def test_the_scoring_ahead_never_holds_the_writer(
     eng = Engine(root)
     try:
         started, release = threading.Event(), threading.Event()
-        real = Index.route_many
+        real = Index.route_steps
 
-        def slow(self: Index, memories: list[Memory]) -> list[str | None]:
-            if len(memories) == 6:  # the batch's scoring, not the add's inline routing
-                started.set()
-                assert release.wait(10)
-            return real(self, memories)
+        def slow(self: Index, memories: list[Memory], step: int) -> Iterator[list]:
+            started.set()  # the batch's scoring ahead (an add routes inline: route_many)
+            assert release.wait(10)
+            return real(self, memories, step)
 
-        monkeypatch.setattr(Index, "route_many", slow)
+        monkeypatch.setattr(Index, "route_steps", slow)
         res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
         published = eng.index
         assert res.deferred and res.shard and started.wait(10)
         assert eng.add([{"content": "an add while the batch is scored"}]).added
         release.set()
         eng.scorer.wait(10)
-        monkeypatch.setattr(Index, "route_many", real)
+        monkeypatch.setattr(Index, "route_steps", real)
         kept = eng.routes.scores([res.shard], published.route_key)
         assert kept == dict(zip(res.added, published.route_many(eng.state.unsorted[res.shard])))
     finally:

@@ -58,6 +58,12 @@ def test_route_many_equals_route_one_by_one(idf_mode, monkeypatch):
     monkeypatch.setattr(routing, "ROUTE_BLOCK", 2)
     assert len({len(ix.term_ids(m.content)) for m in batch}) > 2
     assert ix.route_many(batch) == one
+    # in steps (the scoring thread's, pausing between them): the same answers, in order,
+    # each step of `step` memories or fewer (a matrix of ROUTE_CELLS holds 7 rows here)
+    for step in (1, 3, 7, 50):
+        parts = list(ix.route_steps(batch, step))
+        assert [cid for part in parts for cid in part] == one
+        assert [len(p) for p in parts[:-1]] == [min(step, 7)] * (len(parts) - 1)
     monkeypatch.setattr(routing, "ROUTE_BLOCK", 32)
     # dead cluster slots (a rewritten and a removed cluster)
     cids = sorted(clusters)
