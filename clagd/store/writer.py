@@ -456,10 +456,9 @@ class Writer(Generic[P]):
         self.rolled_back: set[str] = set()  # put back by rollbacks (`settle_own_staged`)
         self.holds = Holds()  # the longest operation the thread ran
         self.idle = WriterIdle()  # long work off the writer gives way (`store/holds.py`)
-        self.frozen = FrozenClusters()  # copies of the hot clusters, for snapshots
-        self.frozen.view(state)  # made now, not in the first session's writer hold
-        self.frozen.names(state)  # likewise (~25 ms at 11k clusters)
-        state.note_all_places()  # likewise
+        # copies of the hot clusters, for snapshots; with the clusters' names and the
+        # memories' places made after the start, in short operations (`Engine.start`)
+        self.frozen = FrozenClusters()
         git.base = git.head()  # the commit the loaded working tree is on
         # what changed in the memory folders and the index, known without git
         self.watch = git.watch = ChangeWatch(self.paths.root, git.gitdir, DATA_DIRS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_as_files, git, make_store
+from helpers import assert_same_as_files, git, make_store, wait_for
 
 from clagd.engine import archive as archive_mod
 from clagd.engine import summary
@@ -192,3 +192,60 @@ def test_a_plan_name_taken_by_a_hand_edit_is_refused() -> None:
     names.changed([], [state.clusters["c-000000000001"]])  # as the commit's publish does
     problems = check_touched(before, state, names=names)
     assert "two clusters are named 'apple notes'" in problems
+
+
+def test_the_writers_copies_are_made_after_the_start_in_short_operations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster copies a session's snapshot takes, the clusters' names and the
+    memories' places are made once the engine has started, by writer operations of at
+    most PRIME_SLICE copies queued behind the writes (made before the first answer they
+    were 0.3-0.4 s of a start at 100k); each cluster is copied once, and a write that
+    changes a cluster meanwhile leaves its copy as it is now."""
+    from clagd.engine import core
+    from clagd.store import frozen as frozen_mod
+
+    NEW = "topic0 note 7 about the thing number 0, topic0 again"  # goes into c-0...0
+    monkeypatch.setattr(core, "PRIME_SLICE", 3)
+    copied: list[str] = []
+    real = frozen_mod.frozen_copy
+
+    def counting(c: Cluster) -> Cluster:
+        copied.append(c.id)
+        return real(c)
+
+    monkeypatch.setattr(frozen_mod, "frozen_copy", counting)
+    root = _store(tmp_path, 10)
+    started: list[str] = []
+    real_prime = core.Engine._prime_op
+
+    def _prime_op(self: core.Engine, ctx: object, step: int) -> None:
+        if not started:  # an add queued before the second slice: it runs between them
+            started.append("prime")
+            self.writer.submit(lambda c: self.add([{"content": NEW}]))
+        real_prime(self, ctx, step)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core.Engine, "_prime_op", _prime_op)
+    eng = Engine(root)
+    try:
+        state = eng.state
+        n = sum(len(c.memories) for c in state.clusters.values()) + 1
+
+        def done() -> bool:
+            return eng.writer.idle.idle() and len(state.places) >= n
+
+        assert wait_for(done, 20, "the writer's copies, names and places")
+        assert eng.writer.holds.by_op["_prime_op"] >= 0
+        assert NEW in {m.content for m in state.clusters["c-000000000000"].memories}
+        # one copy each, made again for the cluster the add changed (copied in the first
+        # slice, before the add ran); the view makes none
+        assert sorted(copied) == sorted([*state.clusters, "c-000000000000"])
+        assert copied[3] == "c-000000000000"  # the add ran after the first slice of 3
+        view = eng.writer.frozen.view(state)
+        assert len(copied) == 11
+        assert set(view) == set(state.clusters)
+        for cid, c in state.clusters.items():
+            assert view[cid] is not c and view[cid].memories == c.memories
+        assert eng.writer.frozen.names(state).bearing("default", "topic 3 notes")
+    finally:
+        eng.close()

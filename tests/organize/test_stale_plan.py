@@ -17,7 +17,7 @@ import clagd.organize.organizers as organizers
 from clagd.engine.core import Engine
 from clagd.organize.organizers import STALE_RETRIES, LexicalOrganizer
 from clagd.store.files import StoreState
-from tests.helpers import head_contents
+from tests.helpers import head_contents, wait_for
 from tests.organize.test_scale import _many_small_clusters
 
 
@@ -89,6 +89,8 @@ def test_the_first_session_after_a_start_finds_its_sample_without_a_pass(
 
     try:
         state = eng.writer.state
+        # noted by the writer's operations right after the start (`Engine._prime_op`)
+        wait_for(eng.writer.idle.idle, 30, "the start's own operations")
         assert set(state.places) == state.memory_ids()
         eng.add([{"content": f"{topics[k]} once more, note {k}"} for k in range(6)])
         monkeypatch.setattr(StoreState, "all_memories", all_memories)

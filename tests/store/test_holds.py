@@ -33,7 +33,7 @@ def test_the_writer_is_idle_only_with_nothing_queued_or_running(store: Path) -> 
     eng = Engine(store)
     try:
         idle = eng.writer.idle
-        assert idle.idle()
+        wait_for(idle.idle, 30, "the start's own operations (the writer's copies)")
         _started, release = _block(eng)
         assert not idle.idle()  # running
         queued = eng.writer.submit(lambda _ctx: None)
