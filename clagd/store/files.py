@@ -181,8 +181,16 @@ class StoreState:
         """Note where every memory is: one pass over the store, made when it is loaded (at
         100k memories the first session after a start made it on the writer, 65-130 ms)."""
         places: dict[str, tuple[str, str]] = {}
-        for m, area, key in self.all_memories():
-            places.setdefault(m.id, (area, key))
+        # as `all_memories` orders them (the first place of an id wins), one tuple a place
+        for area, held in (
+            ("cluster", {k: c.memories for k, c in self.clusters.items()}),
+            ("archive", {k: c.memories for k, c in self.archived.items()}),
+            ("unsorted", self.unsorted),
+        ):
+            for key, mems in held.items():
+                where = (area, key)
+                for m in mems:
+                    places.setdefault(m.id, where)
         self.places = places
 
     def note_places(
