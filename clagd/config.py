@@ -169,8 +169,9 @@ class InboxConfig:
     settle_seconds: float = 1.0
     rescan_seconds: float = 2.0
     observer: ObserverKind = "auto"
-    # memories per inbox commit (a file is never split): the ingest op's writer hold grows
-    # with it (at 100k: ~40 ms + 0.07 ms a memory; 2,000 held it 160-300 ms, 1,000 ~110)
+    # an inbox commit takes files until it holds this many memories (a file is never
+    # split): the ingest op's writer hold grows with it (at 100k: ~40 ms + 0.07 ms a
+    # memory; 2,000 held it 160-300 ms, 1,000 ~110)
     max_batch: int = 1000
     # inotify: a file open longer than this is read by the settle rule (listed in status)
     open_max_seconds: float = 3600.0

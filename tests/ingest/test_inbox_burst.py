@@ -8,8 +8,9 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 
-from helpers import InProcessDaemon, git, head_contents, wait_for
+from helpers import InProcessDaemon, git, head_contents, make_store, wait_for
 
 MALFORMED = [
     ("yaml", "content: [unclosed\n"),
@@ -115,3 +116,35 @@ def test_burst_of_1000_valid_and_50_malformed_files(daemon: InProcessDaemon) -> 
     # batching: far fewer commits than files
     n_commits = int(git(daemon.root, "rev-list", "--count", "HEAD"))
     assert n_commits < 300, n_commits
+
+
+def test_a_burst_is_committed_in_batches_of_max_batch_and_a_file_whole(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """`inbox.max_batch`: a commit takes files until it holds that many memories (one
+    commit of 2,000 held the writer ~300 ms at 100k), so a burst of small files becomes
+    several commits; a file with more memories than that is still committed whole."""
+    store = make_store(tmp_path / "m", {"inbox": {"max_batch": 20}})
+    d = InProcessDaemon(store, short_tmp / "s.sock")
+    try:
+        inbox = store / "inbox"
+        expected = []
+        for i in range(30):  # 30 files of 3 memories
+            items = [{"content": f"burst file {i} note {k} about the garden"} for k in range(3)]
+            expected += [x["content"] for x in items]
+            (inbox / ".tmp" / f"f{i:02d}.json").write_text(json.dumps(items))
+        big = [{"content": f"one big file, note {k} about the office"} for k in range(50)]
+        expected += [x["content"] for x in big]
+        (inbox / ".tmp" / "big.json").write_text(json.dumps(big))
+        for p in sorted((inbox / ".tmp").iterdir()):
+            os.rename(p, inbox / p.name)
+        wait_for(lambda: len(head_contents(store)) == len(expected), 60, "the burst committed")
+        subjects = git(store, "log", "--format=%s", "--grep=^ingest: ").splitlines()
+        sizes = [int(s.split()[1]) for s in subjects if s.endswith("from inbox")]
+        assert sum(sizes) == len(expected) and sorted(head_contents(store)) == sorted(expected)
+        assert 50 in sizes or any(n > 50 for n in sizes)  # the big file: whole, in one
+        small = [n for n in sizes if n < 50]
+        # each commit of small files stops at the first file that brings it to 20
+        assert len(small) >= 4 and all(n <= 20 + 2 for n in small), sizes
+    finally:
+        d.stop()
