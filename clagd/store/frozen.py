@@ -80,10 +80,6 @@ class FrozenClusters:
                 made += 1
         return True
 
-    def primed(self, state: StoreState) -> bool:
-        """Every hot cluster of `state` has its copy."""
-        return self._copies is not None and len(self._copies) == len(state.clusters)
-
 
 def name_key(scope: str, name: str) -> tuple[str, str]:
     """What makes two cluster names the same: within one scope, case and outer spaces aside."""
