@@ -121,16 +121,19 @@ class StoreState:
         default_factory=dict, init=False, repr=False, compare=False
     )
 
-    def all_memories(self) -> Iterator[tuple[Memory, str, str]]:
+    def held(self) -> Iterator[tuple[str, str, list[Memory]]]:
+        """Every place and its memories, (area, key, memories): clusters, archive, unsorted."""
         for cid, c in self.clusters.items():
-            for m in c.memories:
-                yield m, "cluster", cid
+            yield "cluster", cid, c.memories
         for cid, c in self.archived.items():
-            for m in c.memories:
-                yield m, "archive", cid
+            yield "archive", cid, c.memories
         for shard, mems in self.unsorted.items():
+            yield "unsorted", shard, mems
+
+    def all_memories(self) -> Iterator[tuple[Memory, str, str]]:
+        for area, key, mems in self.held():
             for m in mems:
-                yield m, "unsorted", shard
+                yield m, area, key
 
     def locate(self, mid: str) -> tuple[str, str] | None:
         hit = self.locate_many((mid,)).get(mid)
@@ -181,16 +184,10 @@ class StoreState:
         """Note where every memory is: one pass over the store, made when it is loaded (at
         100k memories the first session after a start made it on the writer, 65-130 ms)."""
         places: dict[str, tuple[str, str]] = {}
-        # as `all_memories` orders them (the first place of an id wins), one tuple a place
-        for area, held in (
-            ("cluster", {k: c.memories for k, c in self.clusters.items()}),
-            ("archive", {k: c.memories for k, c in self.archived.items()}),
-            ("unsorted", self.unsorted),
-        ):
-            for key, mems in held.items():
-                where = (area, key)
-                for m in mems:
-                    places.setdefault(m.id, where)
+        for area, key, mems in self.held():  # the first place of an id wins
+            where = (area, key)  # one tuple a place, not one a memory
+            for m in mems:
+                places.setdefault(m.id, where)
         self.places = places
 
     def note_places(
@@ -344,7 +341,7 @@ def data_files(root: Path) -> list[str]:
 # the name of a cluster file (`is_data_path` of "clusters/" or "archive/" + it), checked in
 # one call: `status` lists those folders again after every change to them (11k names: 12 ms
 # through `is_data_path`, 2 ms so)
-CLUSTER_FILE_RE = re.compile(r"c-[0-9a-f]{8,32}\.yaml")
+CLUSTER_FILE_RE = re.compile(CLUSTER_ID_RE.pattern.removeprefix("^").removesuffix("$") + r"\.yaml")
 
 # a folder changed this recently is listed every time: two changes within one tick of the
 # kernel's coarse file clock (at most 10 ms) leave the same mtime (git's "racy" case)
