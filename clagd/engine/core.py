@@ -75,7 +75,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clagd")
 
-# cluster copies one of the writer's operations after the start makes (`_prime_op`): ~40 ms
+# cluster copies one of the writer's operations after the start makes (`_prime_op`): 6-13
+# ms at 11k clusters (in process, quiet)
 PRIME_SLICE = 2000
 
 
