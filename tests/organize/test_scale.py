@@ -232,6 +232,28 @@ def _many_small_clusters(tmp_path: Path) -> tuple[Path, list[str]]:
     return store, topics
 
 
+def _scoring(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """(memories, thread) of every `Index.route_many` call and every step of
+    `Index.route_steps` (the scoring ahead), from now on."""
+    from clagd.retrieval.index import Index
+
+    calls: list[tuple[int, str]] = []
+    real_many, real_steps = Index.route_many, Index.route_steps
+
+    def many(self: Index, memories: list[Memory]) -> list[str | None]:
+        calls.append((len(memories), threading.current_thread().name))
+        return real_many(self, memories)
+
+    def steps(self: Index, memories: list[Memory], step: int) -> Iterator[list]:
+        for part in real_steps(self, memories, step):  # a step's answers: scored
+            calls.append((len(part), threading.current_thread().name))
+            yield part
+
+    monkeypatch.setattr(Index, "route_many", many)
+    monkeypatch.setattr(Index, "route_steps", steps)
+    return calls
+
+
 def test_route_pass_goes_in_slices_of_bounded_clusters(tmp_path: Path) -> None:
     """A burst bound for more clusters than one slice rewrites is routed in several route
     commits of at most `ROUTE_SLICE_CLUSTERS` cluster files each, all of it in the end."""
@@ -265,24 +287,11 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
     routed between slices changes a cluster again: nothing is scored twice."""
     from clagd.engine import route_ops
     from clagd.engine.routing import ROUTE_SCORE_INLINE, SCORE_STEP
-    from clagd.retrieval.index import Index
 
     store, topics = _many_small_clusters(tmp_path)
     n = len(topics)
     eng = Engine(store)
-    calls: list[tuple[int, str]] = []
-    real_route_many, real_route_shards = Index.route_many, route_ops.route_shards
-    real_route_steps = Index.route_steps
-
-    def counting(self: Index, memories: list[Memory]) -> list[str | None]:
-        calls.append((len(memories), threading.current_thread().name))
-        return real_route_many(self, memories)
-
-    def counting_steps(self: Index, memories: list[Memory], step: int) -> Iterator[list]:
-        for part in real_route_steps(self, memories, step):  # a step's answers: scored
-            calls.append((len(part), threading.current_thread().name))
-            yield part
-
+    real_route_shards = route_ops.route_shards
     slices: list[int] = []
 
     def one_slice(*args: object, **kwargs: object) -> object:
@@ -297,8 +306,7 @@ def test_route_pass_scores_off_the_writer_and_keeps_its_answers_across_writes(
         return res
 
     try:
-        monkeypatch.setattr(Index, "route_many", counting)
-        monkeypatch.setattr(Index, "route_steps", counting_steps)
+        calls = _scoring(monkeypatch)
         res = eng.add([{"content": f"{words} again"} for words in topics])
         assert res.route_deferred
         eng.scorer.wait(10)
@@ -334,24 +342,12 @@ def test_a_pass_that_starts_while_its_burst_is_scored_ahead_scores_it_once(
     did not answer on the same index (issue 26: the burst was scored twice, 40% of a
     2,000-memory pass's wait at 11k clusters)."""
     from clagd.engine.routing import Scorer
-    from clagd.retrieval.index import Index
 
     store, topics = _many_small_clusters(tmp_path)
     n = len(topics)
     eng = Engine(store)
-    scored: list[int] = []
-    real_steps, real_many = Index.route_steps, Index.route_many
     real_score, real_for_pass = Scorer._score, Scorer.for_pass
     gate, asked = threading.Event(), threading.Event()
-
-    def steps(self: Index, memories: list[Memory], step: int) -> Iterator[list]:
-        for part in real_steps(self, memories, step):
-            scored.append(len(part))
-            yield part
-
-    def many(self: Index, memories: list[Memory]) -> list[str | None]:
-        scored.append(len(memories))
-        return real_many(self, memories)
 
     def held(self: Scorer, *args: object) -> None:
         assert gate.wait(30), "the pass never asked for its scores"
@@ -362,8 +358,7 @@ def test_a_pass_that_starts_while_its_burst_is_scored_ahead_scores_it_once(
         asked.set()
         return out
 
-    monkeypatch.setattr(Index, "route_steps", steps)
-    monkeypatch.setattr(Index, "route_many", many)
+    scored = _scoring(monkeypatch)
     monkeypatch.setattr(Scorer, "_score", held)
     monkeypatch.setattr(Scorer, "for_pass", for_pass)
     try:
@@ -373,7 +368,7 @@ def test_a_pass_that_starts_while_its_burst_is_scored_ahead_scores_it_once(
         gate.set()
         wait_for(lambda: len(eng.routes) == 0, 60, "every slice of the route pass")
         eng.writer.call(lambda _ctx: None)
-        assert sum(scored) == n  # each memory scored once, ahead
+        assert sum(size for size, _thread in scored) == n  # each memory scored once, ahead
         assert eng.index_unsorted_count() == 0
     finally:
         gate.set()
