@@ -517,6 +517,10 @@ class Engine(ForgetOps, RouteOps):
     def status(self, scope: str | None = None) -> Status:
         hooks = self.hooks
         part = {key: hook() for key, hook in hooks.status.items()}
+        # the counters before the route queue: a batch is waiting from inside its commit's
+        # op and counted once the op returns, so a status that commit overtakes shows the
+        # batch waiting or not at all, never counted and not waiting (taken for routed)
+        counters = dict(self.counters)
         return Status(
             store=str(self.root),
             head=self.head,
@@ -528,7 +532,7 @@ class Engine(ForgetOps, RouteOps):
             counts=self._counts.get(
                 self._summaries, len(self.index), self.index.unsorted_by_scope(), scope
             ),
-            counters=dict(self.counters),
+            counters=counters,
             writer=self.writer.status(),
             new_since_session=self.new_since_session,
             rounds_since_session=self.rounds_since_session,

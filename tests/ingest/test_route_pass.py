@@ -5,6 +5,7 @@ are routed in their own commit, as before."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ import yaml
 from helpers import InProcessDaemon, assert_same_as_files, git, make_store, wait_for
 
 from clagd.engine.core import Engine
+from clagd.engine.results import Status
+from clagd.engine.routing import RouteQueue
 from clagd.errors import Conflict
 from clagd.ingest.inbox import Item
 from clagd.model import Cluster, Memory
@@ -77,6 +80,41 @@ def test_a_large_batch_is_one_file_then_one_route_commit(tmp_path: Path) -> None
         assert st.route_pending == 0
         assert st.counters["routed"] == 4 and st.counters["route_passes"] == 1
         assert eng.maybe_route(force=True) is None  # nothing left waiting
+    finally:
+        eng.close()
+
+
+def test_a_status_a_batch_overtakes_never_shows_it_added_and_not_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A status read while a deferred batch's commit lands shows the batch waiting, or not
+    yet added: never added with no route pass waiting, which an idle check (the eval's, the
+    benchmark's "until routed") would take for routed."""
+    root = _store(tmp_path, route_inline_max=3, route_delay_seconds=60)
+    eng = Engine(root)
+    try:
+        real_len = RouteQueue.__len__
+        read, landed = threading.Event(), threading.Event()
+        reader: list[threading.Thread] = []
+
+        def held_len(queue: RouteQueue) -> int:
+            n = real_len(queue)
+            if reader and threading.current_thread() is reader[0] and not read.is_set():
+                read.set()  # the status has read the queue: the batch lands now
+                assert landed.wait(10)
+            return n
+
+        monkeypatch.setattr(RouteQueue, "__len__", held_len)
+        got: list[Status] = []
+        reader.append(threading.Thread(target=lambda: got.append(eng.status())))
+        reader[0].start()
+        assert read.wait(10)
+        res = eng.ingest([Item(t, None, {}) for t in NEW_SAILING + OTHER], source="test")
+        assert res.deferred and eng.status().counters["added"] == 6
+        landed.set()
+        reader[0].join(10)
+        st = got[0]
+        assert (st.counters["added"], st.route_pending) in {(0, 0), (6, 1)}
     finally:
         eng.close()
 
