@@ -9,7 +9,6 @@ clagd means only the immutable index snapshot that queries read.)
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import pickle
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clagd.config import Config
+from clagd.engine.loader import gc_paused
 from clagd.retrieval.index import Index
 from clagd.store.files import StoreState
 from clagd.store.gitrepo import GitStore
@@ -91,15 +91,14 @@ class WarmStart:
             return None
 
     def _read(self) -> dict[str, Any] | None:
-        gc.disable()  # unpickling 100k objects triggers many useless collections
-        try:
+        # unpickling 100k objects would trigger many useless collections; the engine's
+        # own pause, around the whole load, must outlast this one
+        with gc_paused():
             with open(self.path, "rb") as fh:
                 if fh.readline() != WARMSTART_MAGIC:
                     log.info("warm-start file has another format: loading every file")
                     return None
                 data = pickle.load(fh)
-        finally:
-            gc.enable()
         return data if isinstance(data, dict) else None
 
     def _catch_up(self, root: Path, git: GitStore, head: str, data: dict[str, Any]) -> Loaded:
