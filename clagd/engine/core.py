@@ -200,9 +200,12 @@ class Engine(ForgetOps, RouteOps):
         )
 
     # -- lifecycle --------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, prime: bool = True) -> None:
+        """Start the writer. `prime`: queue `_prime_op` now (the daemon calls `prime` once
+        it serves, so the copies do not share the CPU with the rest of its start)."""
         self.writer.start()
-        self.writer.submit(self._prime_op, 0)
+        if prime:
+            self.prime()
         if self._outside_at_start:
             # a hand edit made while no daemon ran: committed, then served (see
             # `_served_from_head`); a person's staged files pause writes until resolved
@@ -210,6 +213,9 @@ class Engine(ForgetOps, RouteOps):
                 self.check_outside()
             except Exception as exc:  # noqa: BLE001 - reported by status; retried later
                 log.warning("could not take in the changes made while stopped: %s", exc)
+
+    def prime(self) -> None:
+        self.writer.submit(self._prime_op, 0)
 
     def _prime_op(self, ctx: WriteContext, step: int) -> None:
         """What the writer keeps for the first session, made once the daemon serves, in

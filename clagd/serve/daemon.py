@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from clagd.config import Config, load_config
 from clagd.engine.core import Engine
 from clagd.engine.hooks import EngineHooks
+from clagd.engine.loader import gc_paused
 from clagd.engine.results import Scheduled, Status
 from clagd.errors import BadRequest, ClagdError, ReadOnly
 from clagd.ingest.watcher import InboxStatus, InboxWatcher
@@ -144,17 +145,33 @@ class Daemon:
 
     def _start(self) -> None:
         sdnotify.status("loading the store")
+        # No cyclic GC pass until the loaded heap is frozen (`_settle_heap`): the first one
+        # after the engine's load would scan every object it made (~0.2 s at 100k, before
+        # the first answer), and all of them are kept.
+        with gc_paused():
+            if not self._load_and_serve():
+                return
+        eng = self.engine
+        assert eng is not None
+        sdnotify.ready(f"serving {len(eng.index)} memories")
+        if not self.stop_event.is_set():
+            self._start_query_processes(eng)
+
+    def _load_and_serve(self) -> bool:
+        """The engine loaded, its jobs started and the socket served (False: a stop came
+        meanwhile, nothing is served)."""
         cfg = self.config
         if self.follow:
             follow_prepare(self.store, self.follow)  # the working copy is HEAD, no hand edit
-        eng = self.engine = Engine(self.store, cfg, start=True, hooks=self._hooks())
+        eng = self.engine = Engine(self.store, cfg, start=False, hooks=self._hooks())
+        eng.start(prime=False)  # primed once serving, below
         eng.git.make_private()
         if self.follow:
             self._start_follower(eng)
         else:
             self._start_primary(eng)
         if self.stop_event.is_set():  # a SIGTERM while loading: stop now, serve nothing
-            return
+            return False
         assert self.scheduler is not None
         self.scheduler.start()
         # Queries share the GIL with the writer's pure-Python work (ingest, route pass,
@@ -166,11 +183,9 @@ class Daemon:
         self._serve(self.server)
         self.watchdog = sdnotify.Watchdog(self.healthy).start()
         self._settle_heap()
-        n = len(eng.index)
-        log.info("serving %s on %s (%d memories)", self.store, self.socket_path, n)
-        sdnotify.ready(f"serving {n} memories")
-        if not self.stop_event.is_set():
-            self._start_query_processes(eng)
+        eng.prime()
+        log.info("serving %s on %s (%d memories)", self.store, self.socket_path, len(eng.index))
+        return True
 
     def _start_primary(self, eng: Engine) -> None:
         """The writer's jobs: outside edits, replication, the inbox, sessions, archive."""

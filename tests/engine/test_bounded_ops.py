@@ -5,14 +5,17 @@ last seen."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_as_files, git, make_store, wait_for
+from helpers import InProcessDaemon, assert_same_as_files, git, make_store, wait_for
 
+from clagd.client import Client
 from clagd.engine import archive as archive_mod
 from clagd.engine import summary
 from clagd.engine.core import Engine
+from clagd.errors import ClagdError
 from clagd.model import Cluster, Memory
 from clagd.store.files import Paths, StoreState, write_cluster
 from clagd.store.frozen import ClusterNames
@@ -249,3 +252,43 @@ def test_the_writers_copies_are_made_after_the_start_in_short_operations(
         assert eng.writer.frozen.names(state).bearing("default", "topic 3 notes")
     finally:
         eng.close()
+
+
+def test_the_daemon_primes_once_it_serves_and_starts_without_a_gc_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's copies are queued once the socket answers (made during the start, they
+    shared the two cores with it), and no cyclic GC pass runs before the loaded heap is
+    frozen (the first one would scan every object the load made)."""
+    from clagd.engine import core
+    from clagd.serve.daemon import Daemon
+
+    root = _store(tmp_path, 10)
+    sock = tmp_path / "d.sock"
+    seen: dict[str, object] = {}
+    real_prime, real_settle = core.Engine.prime, Daemon._settle_heap
+
+    def prime(self: core.Engine) -> None:
+        try:
+            with Client(sock, timeout=5) as c:
+                seen["ping"] = c.ping()
+        except ClagdError as exc:
+            seen["ping"] = str(exc)
+        real_prime(self)
+
+    def settle() -> None:
+        seen["gc"] = gc.isenabled()
+        real_settle()
+
+    monkeypatch.setattr(core.Engine, "prime", prime)
+    monkeypatch.setattr(Daemon, "_settle_heap", staticmethod(settle))
+    assert gc.isenabled()
+    d = InProcessDaemon(root, sock)
+    try:
+        assert seen["gc"] is False and gc.isenabled()
+        assert getattr(seen["ping"], "pong", False), seen["ping"]
+        state = d.engine.state
+        n = sum(len(c.memories) for c in state.clusters.values())
+        assert wait_for(lambda: len(state.places) >= n, 20, "the memories' places")
+    finally:
+        d.stop()
