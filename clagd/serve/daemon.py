@@ -184,6 +184,10 @@ class Daemon:
         self.watchdog = sdnotify.Watchdog(self.healthy).start()
         self._settle_heap()
         eng.prime()
+        if not self.follow:
+            # once serving: the backends' imports and probe take the GIL for ~0.3 s (a
+            # request that needs a backend first checks for one itself)
+            self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
         log.info("serving %s on %s (%d memories)", self.store, self.socket_path, len(eng.index))
         return True
 
@@ -224,7 +228,6 @@ class Daemon:
         while not self.watcher.wait_backlog(0.2) and time.monotonic() < deadline:
             if self.stop_event.is_set():
                 return
-        self.scheduler.sched.add_job(self.backends.recheck, id="backend-first")
 
     def _start_follower(self, eng: Engine) -> None:
         """A follower's jobs: fetch and follow the primary; no inbox, sessions or archive."""
