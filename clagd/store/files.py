@@ -306,11 +306,14 @@ def is_data_path(rel: str) -> bool:
     """A store file that holds memories: `clusters/` or `archive/` + `<cluster id>.yaml`,
     `unsorted/` + `<shard name>.yaml`. Nothing else there is ever read or committed (an
     editor's swap file, a `*.yaml~` backup, an exported Markdown file). `status` asks it of
-    every file in the memory folders, so a path as git and the writer spell it ("area/name")
-    is split as a string; any other spelling goes through pathlib."""
+    every file in the memory folders, and the change watch of every event there (most of them
+    the writer's own temporary dot files), so a path as git and the writer spell it
+    ("area/name") is split as a string; any other spelling goes through pathlib."""
     area, sep, name = rel.partition("/")
-    if not sep or "/" in name or not name or area in ("", ".") or name.startswith("."):
+    if not sep or "/" in name or not name or area in ("", "."):
         return _is_data_path_slow(rel)
+    if name[0] == ".":  # a dot file (the writer's `.c-....yaml.tmp`, an editor's swap file)
+        return False
     if area not in (CLUSTERS, ARCHIVE, UNSORTED) or not name.endswith(".yaml"):
         return False
     stem = name[:-5]

@@ -460,6 +460,8 @@ def test_is_data_path_splits_as_pathlib_would() -> None:
         "c-0000aaaa.yml",
         "c-0000aaaa.yaml~",
         ".c-0000aaaa.yaml.swp",
+        ".c-0000aaaa.yaml",
+        ".u-20260101T000000-aaaaaa.yaml",
         "u-" + "a" * 90 + ".yaml",
     ]
     seen = set()
