@@ -11,12 +11,14 @@ is visible, the search is exactly the search of a store without scopes)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import itertools
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from clagd.model import Cluster, Memory
     from clagd.retrieval.snapshot import Index
 
 # (memory slots visible, with a last False for the -1 link; cluster slots visible)
@@ -35,6 +37,38 @@ def scopes_held(ix: Index) -> frozenset[str]:
     out = frozenset(held)
     ix.scope_cache["held"] = out
     return out
+
+
+def carry_held(
+    old: Index,
+    new: Index,
+    upsert: Iterable[Cluster],
+    removed: Iterable[str],
+    add_unsorted: Iterable[Memory],
+    remove_unsorted: Iterable[str],
+) -> None:
+    """Give `new`, the snapshot a change makes of `old`, the scopes it holds without the
+    pass over every cluster that `scopes_held` makes (~3 ms of every write at 11k
+    clusters): `old`'s plus those the change adds, when every scope that a replaced or
+    removed cluster or a removed unsorted memory had is among those it adds. Otherwise a
+    scope may have left the store, and `scopes_held` computes them on first use."""
+    held = old.scope_cache.get("held")
+    if not isinstance(held, frozenset):
+        return
+    upsert = list(upsert)
+    added = {c.scope for c in upsert} | {m.scope for m in add_unsorted}
+    c, m = old.profiles, old.memories
+    gone: set[str] = set()
+    for cid in itertools.chain((x.id for x in upsert), removed):
+        cslot = c.slot_of.get(cid)
+        if cslot is not None:
+            gone.add(c.clusters[cslot].scope)
+    for mid in remove_unsorted:
+        slot = m.slot_of.get(mid)
+        if slot is not None:
+            gone.add(m.mems[slot].scope)
+    if gone <= added:
+        new.scope_cache["held"] = held | added
 
 
 def masks(ix: Index, scopes: Collection[str] | None) -> Masks | None:

@@ -26,6 +26,7 @@ from clagd.protocol import Where
 from clagd.retrieval import listing, routing, searching
 from clagd.retrieval.postings import ClusterSlots, MemorySlots, forward
 from clagd.retrieval.results import Hit, ResultCache, SearchResult
+from clagd.retrieval.scoping import carry_held
 from clagd.retrieval.scoring import BM25
 from clagd.retrieval.writing import (
     DEAD_CLUSTERS_MIN,
@@ -181,13 +182,16 @@ class Index:
             sup += [cs for cs in range(new_at, len(alive)) if profiles.clusters[cs].supersedes]
         if len(memories.mems) - memories.n_alive > max(1024, memories.n_alive):
             new = Index(self.cfg, self.ingest, self.vocab, memories, profiles, key, loose, sup)
-            return new._compacted()
-        if len(profiles.alive) - len(profiles.slot_of) > max(
-            DEAD_CLUSTERS_MIN, len(profiles.slot_of)
-        ):
-            profiles, memories, remap = clusters_compacted(profiles, memories, len(self.vocab))
-            sup = [int(remap[cs]) for cs in sup]
-        return Index(self.cfg, self.ingest, self.vocab, memories, profiles, key, loose, sup)
+            new = new._compacted()
+        else:
+            if len(profiles.alive) - len(profiles.slot_of) > max(
+                DEAD_CLUSTERS_MIN, len(profiles.slot_of)
+            ):
+                profiles, memories, remap = clusters_compacted(profiles, memories, len(self.vocab))
+                sup = [int(remap[cs]) for cs in sup]
+            new = Index(self.cfg, self.ingest, self.vocab, memories, profiles, key, loose, sup)
+        carry_held(self, new, upsert.values(), removed, add_u, rm_u)
+        return new
 
     def _compacted(self) -> Index:
         """A rebuild from the live memories, reusing their postings (no re-tokenizing)."""
