@@ -14,6 +14,7 @@ from helpers import InProcessDaemon, git
 from clagd.client import ClientError
 from clagd.errors import GitFailed, StoreError
 from clagd.store.gitrepo import GitStore
+from clagd.store.gittrees import TreesUnsupported, TreeWriter
 
 
 def test_a_failed_git_command_raises_a_store_error_with_git_s_reason(store: Path) -> None:
@@ -62,13 +63,24 @@ def test_a_broken_repository_reaches_the_socket_and_the_cli_as_one_clear_line(
         assert c.log(5)["entries"][0]["commit"] == head
 
 
+def _no_tree_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every commit's tree built in the scratch index (what the tree writer leaves to it)."""
+
+    def unsupported(*a: object, **kw: object) -> str:
+        raise TreesUnsupported("test: the scratch index's way")
+
+    monkeypatch.setattr(TreeWriter, "tree_with", unsupported)
+
+
 def test_the_scratch_index_is_kept_only_while_it_holds_the_base_s_tree(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A commit on the daemon's own last commit builds its tree in the scratch index as that
-    commit left it (no `read-tree` of the whole store); a base with another tree (a person's
-    commit) or a scratch index changed by anyone else is read from the base again. Every
-    commit's tree is the base's tree with exactly the committed paths changed."""
+    """Where the tree writer does not make a commit's tree, the scratch index does: on the
+    daemon's own last commit as that commit left it (no `read-tree` of the whole store); a
+    base with another tree (a person's commit) or a scratch index changed by anyone else is
+    read from the base again. Every commit's tree is the base's tree with exactly the
+    committed paths changed."""
+    _no_tree_writer(monkeypatch)
     gs = GitStore(store)
     calls: list[str] = []
     real_run = GitStore.run
@@ -117,12 +129,16 @@ def test_the_scratch_index_is_kept_only_while_it_holds_the_base_s_tree(
     assert git(store, "status", "--porcelain", "--", "unsorted").strip() == ""
 
 
-def test_only_the_daemons_own_scratch_index_is_split(store: Path) -> None:
-    """The scratch index the daemon builds its commits in is a split index (a write
+def test_only_the_daemons_own_scratch_index_is_split(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scratch index the daemon builds trees in (where the tree writer does not) is a
+    split index (a write
     rewrites what changed, not ~1 MB at 11k clusters); the person's `.git/index` stays a
     plain one, which every tool reads (libgit2 reads no split index)."""
     from clagd.engine.core import Engine
 
+    _no_tree_writer(monkeypatch)
     eng = Engine(store)
     try:
         for i in range(3):
