@@ -120,61 +120,6 @@ def test_what_the_tree_writer_does_not_make_is_left_to_git(tmp_path: Path) -> No
     assert not writer._procs  # noqa: SLF001
 
 
-def test_a_commit_reads_only_the_trees_it_has_not_made(
-    store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A commit on the daemon's own last commit reads no tree and runs neither `read-tree`
-    nor `write-tree` (the trees it made are kept); after a person's commit the base's trees
-    are read once (`cat-file`), and the commit keeps the person's file. Every commit's tree
-    is its base's tree with exactly the committed paths changed."""
-    calls: list[str] = []
-    real_run, real_raw = GitStore.run, TreeWriter.read_tree
-
-    def run(self: GitStore, *args: str, **kw: object) -> str:
-        calls.append(next(a for a in args if not a.startswith("-") and "=" not in a))
-        return real_run(self, *args, **kw)  # type: ignore[arg-type]
-
-    def raw(self: TreeWriter, tree: str) -> bytes:
-        calls.append("cat-file")
-        return real_raw(self, tree)
-
-    monkeypatch.setattr(GitStore, "run", run)
-    monkeypatch.setattr(TreeWriter, "read_tree", raw)
-    gs = GitStore(store)
-
-    def commit(name: str, text: str) -> str | None:
-        (store / "unsorted" / name).write_text(text)
-        calls.clear()
-        sha = gs.commit([f"unsorted/{name}"], f"write {name}")
-        if sha is not None:
-            gs.base = sha
-        return sha
-
-    def files_at(sha: str) -> dict[str, str]:
-        out = git(store, "ls-tree", "-r", sha)
-        return {line.split("\t")[1]: line.split()[2] for line in out.splitlines()}
-
-    try:
-        commit("u-a.yaml", "memories: []\n")
-        first = commit("u-b.yaml", "memories: []\n# b\n")
-        assert first and "cat-file" not in calls, calls
-        assert not {"read-tree", "write-tree", "rev-parse", "ls-tree"} & set(calls), calls
-        (store / "person.txt").write_text("a person's file\n")
-        git(store, "add", "person.txt")
-        git(store, "commit", "-qm", "the person's commit", "--", "person.txt")
-        gs.base = git(store, "rev-parse", "HEAD").strip()
-        second = commit("u-c.yaml", "memories: []\n# c\n")
-        assert second and "cat-file" in calls and "write-tree" not in calls, calls
-        before, after = files_at(gs.resolve("HEAD~1")), files_at(second)
-        assert "person.txt" in after
-        assert {p for p in after if after[p] != before.get(p)} == {"unsorted/u-c.yaml"}
-        assert set(after) - set(before) == {"unsorted/u-c.yaml"}
-        assert git(store, "status", "--porcelain", "--", "unsorted").strip() == ""
-        git(store, "fsck", "--strict", "--no-dangling")
-    finally:
-        gs.close()
-
-
 def test_the_tree_writer_ends_with_its_store(store: Path) -> None:
     """The `hash-object` process ends when the store object is closed, and when it is
     dropped without being closed (a command-line run)."""
