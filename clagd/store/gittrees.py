@@ -8,9 +8,10 @@ the root) are made from the base commit's trees: their entries are read once per
 `git cat-file tree` and kept (trees never change), the changed entries are put in, and the
 new tree's bytes (git's tree format: "<mode> <name>\\0<binary id>" per entry, sorted as git
 sorts them: a folder's name as if it ended in "/") go to one long-running `git hash-object
--t tree -w --stdin-paths`, which checks their format, hashes and writes them (~2 ms for the
-11k-entry `clusters/` tree). git still writes every object; only the entries are assembled
-here. Anything this does not handle (an unmerged path, a file where the base has a folder
+-t tree -w --stdin-paths` (through a file `.git/clagd-tree-*.tmp`, removed once written; a
+kill's leftover is removed by the start-up's recovery), which checks their format, hashes
+and writes them (~2 ms for the 11k-entry `clusters/` tree). git still writes every object;
+only the entries are assembled here. Anything this does not handle (an unmerged path, a file where the base has a folder
 or the other way round, a failed or dead `hash-object`) raises `TreesUnsupported` and the
 caller builds the tree in its scratch index as before.
 """
@@ -18,10 +19,13 @@ caller builds the tree in its scratch index as before.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import subprocess
+import tempfile
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -33,7 +37,8 @@ log = logging.getLogger(__name__)
 
 TREE_MODE = b"40000"
 LISTINGS_KEPT = 16  # trees whose entries are kept (a commit reads the root and a folder)
-TREE_FILE = "clagd-tree.tmp"  # in .git/: the bytes of the tree being written
+# in .git/: the bytes of the tree being written, one file per tree (removed once written)
+TREE_PREFIX, TREE_SUFFIX = "clagd-tree-", ".tmp"
 
 
 class TreesUnsupported(Exception):
@@ -190,10 +195,11 @@ class TreeWriter:
             self._listings.popitem(last=False)
 
     def _write(self, listing: Listing, opts: tuple[str, ...]) -> str:
-        path = self.gitdir / TREE_FILE
-        path.write_bytes(listing.tree_bytes())
         proc = self._proc(opts)
+        fd, path = tempfile.mkstemp(prefix=TREE_PREFIX, suffix=TREE_SUFFIX, dir=self.gitdir)
         try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(listing.tree_bytes())
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(os.fsencode(path) + b"\n")
             proc.stdin.flush()
@@ -201,6 +207,9 @@ class TreeWriter:
         except (OSError, ValueError) as exc:
             self._end(opts)
             raise TreesUnsupported(f"git hash-object: {exc}") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         if len(line) not in (40, 64) or not all(c in b"0123456789abcdef" for c in line):
             self._end(opts)
             raise TreesUnsupported(f"git hash-object answered {line[:80]!r}")
@@ -234,15 +243,23 @@ class TreeWriter:
         if proc is not None:
             _stop(proc)
 
-    def forget(self) -> None:
-        """Drop the trees kept (the store's objects may have been replaced: a test, a clone)."""
-        with self._lock:
-            self._listings.clear()
-
     def close(self) -> None:
         with self._lock:
             for opts in list(self._procs):
                 self._end(opts)
+
+
+def drop_tree_files(gitdir: Path, older_than: float = 60.0) -> int:
+    """Remove the tree files (`TREE_PREFIX`) a killed process left in `gitdir` (one lives for
+    the ~2 ms of writing its tree: older ones are nobody's); returns how many."""
+    done = 0
+    now = time.time()
+    for path in gitdir.glob(f"{TREE_PREFIX}*{TREE_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            if now - path.lstat().st_mtime > older_than:
+                path.unlink()
+                done += 1
+    return done
 
 
 def _stop_all(procs: dict[tuple[str, ...], subprocess.Popen[bytes]]) -> None:

@@ -131,3 +131,17 @@ def test_the_tree_writer_ends_with_its_store(store: Path) -> None:
     del gs
     assert proc.wait(timeout=10) == 0
     assert not os.path.exists(f"/proc/{proc.pid}")
+
+
+def test_a_killed_daemons_tree_file_is_removed_at_start_up(store: Path) -> None:
+    """A tree file lives only while its tree is written; one a kill left behind (older than
+    a minute) is removed by the start-up's recovery, a fresh one (another process writing
+    its tree now) is left alone."""
+    gitdir = store / ".git"
+    old, fresh = gitdir / "clagd-tree-abc.tmp", gitdir / "clagd-tree-def.tmp"
+    for f in (old, fresh):
+        f.write_bytes(b"100644 x\0" + bytes(20))
+    os.utime(old, (1, 1))
+    notes = GitStore(store).recover()
+    assert not old.exists() and fresh.exists()
+    assert any("tree writer" in n for n in notes), notes
