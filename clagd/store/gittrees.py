@@ -11,16 +11,16 @@ sorts them: a folder's name as if it ended in "/") go to one long-running `git h
 -t tree -w --stdin-paths` (through a file `.git/clagd-tree-*.tmp`, removed once written; a
 kill's leftover is removed by the start-up's recovery), which checks their format, hashes
 and writes them (~2 ms for the 11k-entry `clusters/` tree). git still writes every object;
-only the entries are assembled here. Anything this does not handle (an unmerged path, a file where the base has a folder
-or the other way round, a failed or dead `hash-object`) raises `TreesUnsupported` and the
-caller builds the tree in its scratch index as before.
+only the entries are assembled here. Anything this does not handle (an unmerged path, a
+file where the base has a folder or the other way round, a tree it cannot read, a
+repository of SHA-256 ids, a failed or dead `hash-object`) raises `TreesUnsupported` and
+the caller builds the tree in its scratch index as before.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-import logging
 import os
 import subprocess
 import tempfile
@@ -32,8 +32,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from clagd.store.gitcmd import GIT_ENV, IDENTITY
-
-log = logging.getLogger(__name__)
 
 TREE_MODE = b"40000"
 LISTINGS_KEPT = 16  # trees whose entries are kept (a commit reads the root and a folder)
@@ -62,9 +60,11 @@ class Listing:
         entries, kinds, keys = out.entries, out.kinds, out.keys
         i, n = 0, len(raw)
         while i < n:
-            nul = raw.index(b"\0", i)
+            nul = raw.find(b"\0", i)
             mode, _, name = raw[i:nul].partition(b" ")
-            end = nul + 21
+            end = nul + 21  # SHA-1 ids (the daemon's blob ids are SHA-1 too)
+            if nul < 0 or end > n or not name:
+                raise TreesUnsupported("a tree this cannot read")
             key = name + b"/" if mode == TREE_MODE else name
             keys.append(key)
             entries[key] = raw[i:end]
@@ -210,7 +210,7 @@ class TreeWriter:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        if len(line) not in (40, 64) or not all(c in b"0123456789abcdef" for c in line):
+        if len(line) != 40 or not all(c in b"0123456789abcdef" for c in line):
             self._end(opts)
             raise TreesUnsupported(f"git hash-object answered {line[:80]!r}")
         tree = line.decode()

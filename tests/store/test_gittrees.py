@@ -93,9 +93,10 @@ def test_the_tree_writer_makes_the_trees_git_makes(tmp_path: Path) -> None:
 
 
 def test_what_the_tree_writer_does_not_make_is_left_to_git(tmp_path: Path) -> None:
-    """A file where the base has a folder (or the other way round), or a path git would
-    not take, raises TreesUnsupported (the caller builds that tree in its scratch index);
-    a `hash-object` that died is started again for the next tree."""
+    """A file where the base has a folder (or the other way round), a path git would not
+    take, or a repository of SHA-256 ids raises TreesUnsupported (the caller builds that
+    tree in its scratch index); a `hash-object` that died is started again for the next
+    tree."""
     repo = tmp_path / "r"
     repo.mkdir()
     git(repo, "init", "-q")
@@ -118,6 +119,15 @@ def test_what_the_tree_writer_does_not_make_is_left_to_git(tmp_path: Path) -> No
     finally:
         writer.close()
     assert not writer._procs  # noqa: SLF001
+    sha256 = tmp_path / "s"
+    sha256.mkdir()
+    git(sha256, "init", "-q", "--object-format=sha256")
+    other = TreeWriter(sha256, sha256 / ".git")
+    try:
+        with pytest.raises(TreesUnsupported):  # SHA-256 ids: left to git
+            other.tree_with(None, {"a.yaml": ("100644", _blob(sha256, "x\n"))}, ())
+    finally:
+        other.close()
 
 
 def test_the_tree_writer_ends_with_its_store(store: Path) -> None:
