@@ -106,9 +106,7 @@ class ForgetOps:
         finally:
             self.packer.resume()
         self.head = ctx.git.head()
-        self.warmstart.save(ctx, self.index)
-        if self.warmstart.saved_head != self.head:
-            self.warmstart.path.unlink(missing_ok=True)
+        self.warmstart.save_or_drop(ctx, self.index)
         return done
 
     def forget_copies(self, ctx: WriteContext, ids: set[str]) -> None:
@@ -122,6 +120,4 @@ class ForgetOps:
         self.fragments.drop(ids)
         self.stats.forget(ids)
         ctx.w.publish(StoreChange.whole(ctx.state, ctx.git.head()))
-        self.warmstart.save(ctx, self.index)
-        if self.warmstart.saved_head != self.head:
-            self.warmstart.path.unlink(missing_ok=True)
+        self.warmstart.save_or_drop(ctx, self.index)

@@ -117,12 +117,17 @@ class WarmStart:
         """The store moved on since the last save and that save is old enough."""
         return head != self.saved_head and time.monotonic() - self.saved_at >= min_interval
 
-    def save(self, ctx: WriteContext, index: Index) -> None:
+    def save(self, ctx: WriteContext, index: Index) -> bool:
         """Write the file (on the writer thread: it must see a consistent state). Skipped
-        while the working tree differs from HEAD: the file must describe one commit."""
+        while the working tree differs from HEAD: the file must describe one commit.
+        Returns whether it was written."""
         head = ctx.git.head()
-        if head is None or ctx.git.dirty_paths(DATA_DIRS):
-            return
+        if head is None:
+            return False
+        dirty = ctx.git.dirty_paths(DATA_DIRS)
+        if dirty:
+            log.info("warm start not saved: the working tree differs from HEAD (%s)", dirty[0])
+            return False
         self.saved_at = time.monotonic()
         data = {"key": self.key(), "head": head, "state": ctx.state, "index": index}
         tmp = self.path.with_suffix(".tmp")
@@ -133,3 +138,10 @@ class WarmStart:
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
         self.saved_head = head
+        return True
+
+    def save_or_drop(self, ctx: WriteContext, index: Index) -> None:
+        """Saved now, or the file removed: after a forget or a purge no older file may keep
+        what was forgotten, whatever head it was saved at."""
+        if not self.save(ctx, index):
+            self.path.unlink(missing_ok=True)

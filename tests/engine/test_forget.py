@@ -96,6 +96,20 @@ def test_forget_removes_every_copy(daemon: InProcessDaemon) -> None:
         assert "4321" in c.query("PIN").context
 
 
+def test_a_warm_start_a_forget_cannot_save_again_is_removed(daemon: InProcessDaemon) -> None:
+    """After a forget the warm start is saved again, or removed when it cannot be (the
+    working tree differs from HEAD: a stray file in a memory folder), whatever head the
+    file was saved at: no older file keeps what was forgotten."""
+    eng = daemon.engine
+    with daemon.client() as c:
+        c.add(PIN)
+    eng.writer.call(eng._save_warmstart_op)
+    assert b"4321" in eng.warmstart.path.read_bytes()
+    (daemon.root / "clusters" / "notes.txt").write_text("a person's notes\n")  # untracked
+    eng.writer.call(lambda ctx: eng.warmstart.save_or_drop(ctx, eng.index))
+    assert not eng.warmstart.path.exists()
+
+
 def test_no_revert_brings_a_forgotten_memory_back(daemon: InProcessDaemon) -> None:
     garden = "The user's garden has three apple trees"
     with daemon.client() as c:
