@@ -1,21 +1,18 @@
 """Commits built with plumbing, on top of the daemon's base and nothing else.
 
-`update-index --add --remove` stages exactly the daemon's paths; the commit's tree is the
-base commit's tree with those paths as the index has them (`ls-files -s`; nothing else the
-person staged), made by the tree writer (store/gittrees.py: the base's trees and the
-changed entries, written by one long-running `git hash-object -t tree`); `commit-tree`
-makes the commit, and `Refs.update_branch` moves the branch by compare-and-swap.
+`update-index --add --remove` stages exactly the daemon's paths; a scratch index
+(`.git/clagd-build-index`) holds the base commit's tree with those paths as the index has
+them (nothing else the person staged), `write-tree` and `commit-tree` make the commit, and `Refs.update_branch`
+moves the branch by compare-and-swap.
 
-What the tree writer does not make (an unmerged path, a file where the base has a folder)
-is built in a scratch index (`.git/clagd-build-index`): `update-index --index-info` of the
-entries, then `write-tree`. The scratch index is kept between such commits: after
-`write-tree` it holds exactly the tree it wrote, so when the next one's base has that tree
-it is used as it is, without a `read-tree` of the whole base (a pass over every file of the
-store: `clusters/` is one flat folder of a file per cluster)."""
+The scratch index is kept between commits: after `write-tree` it holds exactly the tree it
+wrote, so when the next commit's base has that tree (the daemon's own last commit, the
+usual case) it is used as it is, without a `read-tree` of the whole base (a pass over
+every file of the store: `clusters/` is one flat folder of a file per cluster).
+"""
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,9 +24,6 @@ from clagd.store.gitcmd import Stdin
 from clagd.store.gitlog import format_message
 from clagd.store.gitrefs import Refs
 from clagd.store.gitstate import UNSYNCED, mark_unsynced
-from clagd.store.gittrees import TreesUnsupported, TreeWriter
-
-log = logging.getLogger(__name__)
 
 # in .git/: the index a commit's tree is built in (the user's index is never committed whole)
 BUILD_INDEX = "clagd-build-index"
@@ -55,11 +49,6 @@ class Commits(Refs):
         self._built_entries: dict[str, str | None] | None = None
         self._trees: dict[str, str] = {}  # commit -> its tree, the latest TREES_KEPT
         self.watch: ChangeWatch | None = None  # told of each index the staging writes
-        self.tree_writer = TreeWriter(self.root, self.gitdir)
-
-    def close(self) -> None:
-        """End the long-running git processes (the tree writer's)."""
-        self.tree_writer.close()
 
     def commit(
         self,
@@ -176,65 +165,36 @@ class Commits(Refs):
         trees[commit] = tree
 
     def build_tree(self, parent: str | None, paths: list[str], fsync: bool = True) -> str:
-        """`parent`'s tree with `paths` as the index holds them (absent there: removed):
-        made from `parent`'s trees and these entries by the tree writer (store/gittrees.py),
-        or, for what it does not handle, in the scratch index (see the module's docstring).
-        Without `fsync`, the trees are written without git's fsync (the caller flushes them
-        before a ref names them)."""
-        nosync = ("-c", "core.fsync=none")
-        built: dict[str, str | None] = {}
-        entries: list[str] = []
-        if paths:
-            staged = self.run("ls-files", "-s", "-z", "--", *paths)
-            entries = [e for e in staged.split("\0") if e]
-            for e in entries:
-                meta, _, path = e.partition("\t")
-                mode, blob, stage = meta.split()
-                # an unmerged path (stages 1-3) is never "as expected"
-                built[path] = blob if stage == "0" and path not in built else "unmerged"
-            present = {e.split("\t", 1)[1] for e in entries}
-            gone = [p for p in paths if p not in present and not (self.root / p).is_dir()]
-            entries += [f"0 {ZERO}\t{p}" for p in gone]
-            built.update(dict.fromkeys(gone))
-        want = self._tree_of(parent) if parent is not None else None
-        try:
-            tree = self._written_tree(want, entries, (*(() if fsync else nosync), *UNCOMPRESSED))
-        except TreesUnsupported as exc:
-            log.debug("tree built in the scratch index: %s", exc)
-            tree = self._scratch_tree(parent, want, entries, fsync)
-        self._built_entries = built
-        return tree
-
-    def _written_tree(self, want: str | None, entries: list[str], opts: tuple[str, ...]) -> str:
-        """The tree writer's tree for these `ls-files -s` entries (a zero mode: removed)."""
-        changes: dict[str, tuple[str, str] | None] = {}
-        for e in entries:
-            meta, _, path = e.partition("\t")
-            mode, blob, *stage = meta.split()  # a removal ("0 <zeros>") has no stage
-            if stage not in ([], ["0"]) or path in changes:
-                raise TreesUnsupported(f"{path} is unmerged")
-            changes[path] = None if mode == "0" else (mode, blob)
-        if not changes and want is not None:
-            return want
-        return self.tree_writer.tree_with(want, changes, opts)
-
-    def _scratch_tree(
-        self, parent: str | None, want: str | None, entries: list[str], fsync: bool
-    ) -> str:
-        """The tree built in the scratch index, kept between commits: used as it is when it
-        holds `want` already (see the module's docstring)."""
+        """`parent`'s tree with `paths` as the index holds them (absent there: removed).
+        The scratch index is read from `parent` only when it does not hold its tree already
+        (see the module's docstring). Without `fsync`, the trees are written without git's
+        fsync (the caller flushes them before a ref names them); the scratch index never
+        needs one (it is made again from the base when it is not what was kept)."""
         build = self.gitdir / BUILD_INDEX
         env = {"GIT_INDEX_FILE": str(build)}
         nosync = ("-c", "core.fsync=none")
         kept, self._scratch = self._scratch, None
         try:
+            want = self._tree_of(parent) if parent is not None else None
             if kept is None or want is None or kept != (want, file_key(build)):
                 build.unlink(missing_ok=True)
                 if parent is not None:
                     self.run(*SPLIT_INDEX, "read-tree", parent, env=env)
                 else:
                     self.run(*SPLIT_INDEX, "read-tree", "--empty", env=env)
-            if entries:
+            built: dict[str, str | None] = {}
+            if paths:
+                staged = self.run("ls-files", "-s", "-z", "--", *paths)
+                entries = [e for e in staged.split("\0") if e]
+                for e in entries:
+                    meta, _, path = e.partition("\t")
+                    mode, blob, stage = meta.split()
+                    # an unmerged path (stages 1-3) is never "as expected"
+                    built[path] = blob if stage == "0" and path not in built else "unmerged"
+                present = {e.split("\t", 1)[1] for e in entries}
+                gone = [p for p in paths if p not in present and not (self.root / p).is_dir()]
+                entries += [f"0 {ZERO}\t{p}" for p in gone]
+                built.update(dict.fromkeys(gone))
                 self.run(
                     *nosync,
                     *SPLIT_INDEX,
@@ -256,6 +216,7 @@ class Commits(Refs):
             build.unlink(missing_ok=True)
             raise
         self._scratch = (tree, file_key(build))
+        self._built_entries = built
         return tree
 
     def _stage(self, paths: list[str], fsync: bool) -> None:

@@ -26,7 +26,6 @@ from clagd.store.gitcmd import first_line, git_env
 from clagd.store.gitcommit import Commits
 from clagd.store.gitlog import CommitInfo, format_message, read_log
 from clagd.store.gitrefs import BRANCH_KEY
-from clagd.store.gittrees import drop_tree_files
 
 REGULAR_MODES = ("100644", "100755")  # git's modes of a regular file
 
@@ -68,8 +67,6 @@ class GitStore(Commits):
                 self.succeeds("cherry-pick", "--quit")
                 notes.append(f"abandoned an unfinished git operation ({marker})")
         notes += gitstate.drop_unsynced(self.gitdir, self.commondir)
-        if drop_tree_files(self.gitdir):
-            notes.append("removed the tree writer's files a killed daemon left in .git")
         # Refresh the stat data in git's index once: after a clone, a copy, or a commit made
         # in the same second as a file's last write, every `git status` (run with
         # GIT_OPTIONAL_LOCKS=0, so it never saves a refresh) would re-read and hash those

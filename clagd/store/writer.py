@@ -482,7 +482,6 @@ class Writer(Generic[P]):
             self._q.put(None)
             self._thread.join(timeout)
         self._git_thread.shutdown(wait=False)
-        self.git.close()
         self.trash.close()
         self.watch.close()
 

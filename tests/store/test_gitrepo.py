@@ -14,7 +14,6 @@ from helpers import InProcessDaemon, git
 from clagd.client import ClientError
 from clagd.errors import GitFailed, StoreError
 from clagd.store.gitrepo import GitStore
-from clagd.store.gittrees import TreesUnsupported, TreeWriter
 
 
 def test_a_failed_git_command_raises_a_store_error_with_git_s_reason(store: Path) -> None:
@@ -63,93 +62,34 @@ def test_a_broken_repository_reaches_the_socket_and_the_cli_as_one_clear_line(
         assert c.log(5)["entries"][0]["commit"] == head
 
 
-def _no_tree_writer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every commit's tree built in the scratch index (what the tree writer leaves to it)."""
-
-    def unsupported(*a: object, **kw: object) -> str:
-        raise TreesUnsupported("test: the scratch index's way")
-
-    monkeypatch.setattr(TreeWriter, "tree_with", unsupported)
-
-
-class _Recorder:
-    """A GitStore committing one unsorted file at a time, and the git subcommands each
-    commit ran (`cat-file` for a tree the tree writer read)."""
-
-    def __init__(self, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.store = store
-        self.calls: list[str] = []
-        calls, real_run, real_read = self.calls, GitStore.run, TreeWriter.read_tree
-
-        def run(self: GitStore, *args: str, **kw: object) -> str:
-            calls.append(next(a for a in args if not a.startswith("-") and "=" not in a))
-            return real_run(self, *args, **kw)  # type: ignore[arg-type]
-
-        def read_tree(self: TreeWriter, tree: str) -> bytes:
-            calls.append("cat-file")
-            return real_read(self, tree)
-
-        monkeypatch.setattr(GitStore, "run", run)
-        monkeypatch.setattr(TreeWriter, "read_tree", read_tree)
-        self.gs = GitStore(store)
-
-    def commit(self, name: str, text: str) -> str | None:
-        (self.store / "unsorted" / name).write_text(text)
-        self.calls.clear()
-        sha = self.gs.commit([f"unsorted/{name}"], f"write {name}")
-        if sha is not None:
-            self.gs.base = sha
-        return sha
-
-    def files_at(self, sha: str, *paths: str) -> dict[str, str]:
-        out = git(self.store, "ls-tree", "-r", sha, "--", *paths)
-        return {line.split("\t")[1]: line.split()[2] for line in out.splitlines()}
-
-
-def test_a_commit_reads_only_the_trees_it_has_not_made(
-    store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A commit on the daemon's own last commit reads no tree and runs neither `read-tree`
-    nor `write-tree` (the tree writer keeps the trees it made); after a person's commit the
-    base's trees are read once (`cat-file`), and the commit keeps the person's file. Every
-    commit's tree is its base's tree with exactly the committed paths changed."""
-    rec = _Recorder(store, monkeypatch)
-    gs, calls, commit = rec.gs, rec.calls, rec.commit
-    try:
-        commit("u-a.yaml", "memories: []\n")
-        first = commit("u-b.yaml", "memories: []\n# b\n")
-        assert first and "cat-file" not in calls, calls
-        assert not {"read-tree", "write-tree", "rev-parse", "ls-tree"} & set(calls), calls
-        (store / "person.txt").write_text("a person's file\n")
-        git(store, "add", "person.txt")
-        git(store, "commit", "-qm", "the person's commit", "--", "person.txt")
-        gs.base = git(store, "rev-parse", "HEAD").strip()
-        second = commit("u-c.yaml", "memories: []\n# c\n")
-        assert second and "cat-file" in calls and "write-tree" not in calls, calls
-        before, after = rec.files_at(gs.resolve("HEAD~1")), rec.files_at(second)
-        assert "person.txt" in after
-        assert {p for p in after if after[p] != before.get(p)} == {"unsorted/u-c.yaml"}
-        assert set(after) - set(before) == {"unsorted/u-c.yaml"}
-        assert git(store, "status", "--porcelain", "--", "unsorted").strip() == ""
-        git(store, "fsck", "--strict", "--no-dangling")
-    finally:
-        gs.close()
-
-
 def test_the_scratch_index_is_kept_only_while_it_holds_the_base_s_tree(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where the tree writer does not make a commit's tree, the scratch index does: on the
-    daemon's own last commit as that commit left it (no `read-tree` of the whole store); a
-    base with another tree (a person's commit) or a scratch index changed by anyone else is
-    read from the base again. Every commit's tree is the base's tree with exactly the
-    committed paths changed."""
-    _no_tree_writer(monkeypatch)
-    rec = _Recorder(store, monkeypatch)
-    gs, calls, commit = rec.gs, rec.calls, rec.commit
+    """A commit on the daemon's own last commit builds its tree in the scratch index as that
+    commit left it (no `read-tree` of the whole store); a base with another tree (a person's
+    commit) or a scratch index changed by anyone else is read from the base again. Every
+    commit's tree is the base's tree with exactly the committed paths changed."""
+    gs = GitStore(store)
+    calls: list[str] = []
+    real_run = GitStore.run
+
+    def run(self: GitStore, *args: str, **kw: object) -> str:
+        calls.append(next(a for a in args if not a.startswith("-") and "=" not in a))
+        return real_run(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GitStore, "run", run)
+
+    def commit(name: str, text: str) -> str | None:
+        (store / "unsorted" / name).write_text(text)
+        calls.clear()
+        sha = gs.commit([f"unsorted/{name}"], f"write {name}")
+        if sha is not None:
+            gs.base = sha
+        return sha
 
     def files_at(sha: str) -> dict[str, str]:
-        return rec.files_at(sha, "unsorted")
+        out = git(store, "ls-tree", "-r", sha, "--", "unsorted")
+        return {line.split("\t")[1]: line.split()[2] for line in out.splitlines()}
 
     commit("u-a.yaml", "memories: []\n")
     first = commit("u-b.yaml", "memories: []\n# b\n")
@@ -177,16 +117,12 @@ def test_the_scratch_index_is_kept_only_while_it_holds_the_base_s_tree(
     assert git(store, "status", "--porcelain", "--", "unsorted").strip() == ""
 
 
-def test_only_the_daemons_own_scratch_index_is_split(
-    store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The scratch index the daemon builds trees in (where the tree writer does not) is a
-    split index (a write
+def test_only_the_daemons_own_scratch_index_is_split(store: Path) -> None:
+    """The scratch index the daemon builds its commits in is a split index (a write
     rewrites what changed, not ~1 MB at 11k clusters); the person's `.git/index` stays a
     plain one, which every tool reads (libgit2 reads no split index)."""
     from clagd.engine.core import Engine
 
-    _no_tree_writer(monkeypatch)
     eng = Engine(store)
     try:
         for i in range(3):
