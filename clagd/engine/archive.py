@@ -26,7 +26,7 @@ from clagd.store.writer import WriteContext
 
 # clusters one archive commit moves at most (issue 26: one commit for every cold cluster
 # held the writer in proportion to the store). An `add` meets a whole slice: at 11k
-# clusters 50 held the writer 60-109 ms, 20 holds it 57-69 (the job is daily; it takes
+# clusters 50 held the writer 90-106 ms, 20 holds it 58-66 (the job is daily; it takes
 # twice the commits)
 ARCHIVE_SLICE = 20
 
