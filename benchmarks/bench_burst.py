@@ -56,7 +56,7 @@ class Timings:
 
     def install(self) -> None:
         t = self
-        run, grun = writer_mod._Queued.run, gitcmd.GitRunner.run
+        run, grun = writer_mod.Queued.run, gitcmd.GitRunner.run
         cbp = writer_mod.Writer.commit_beside_prepare
 
         def timed(name: str, into: list[float], fn: Callable[[], Any]) -> Any:
@@ -85,12 +85,12 @@ class Timings:
         def commit_beside(self: Any, commit: Callable[[], Any], change: Any) -> Any:
             return cbp(self, lambda: timed("git-thread commit", t.commits, commit), change)
 
-        writer_mod._Queued.run = op  # type: ignore[method-assign]
+        writer_mod.Queued.run = op  # type: ignore[method-assign]
         gitcmd.GitRunner.run = git  # type: ignore[method-assign]
         writer_mod.Writer.commit_beside_prepare = commit_beside  # type: ignore[method-assign]
 
         def undo() -> None:
-            writer_mod._Queued.run = run  # type: ignore[method-assign]
+            writer_mod.Queued.run = run  # type: ignore[method-assign]
             gitcmd.GitRunner.run = grun  # type: ignore[method-assign]
             writer_mod.Writer.commit_beside_prepare = cbp  # type: ignore[method-assign]
 

@@ -66,7 +66,7 @@ class Profiles:
     def __init__(self, on: bool) -> None:
         self.on = on
         self.by_op: dict[str, cProfile.Profile] = {}
-        self._orig = writer_mod._Queued.run
+        self._orig = writer_mod.Queued.run
 
     def install(self) -> None:
         if not self.on:
@@ -81,10 +81,10 @@ class Profiles:
             finally:
                 prof.disable()
 
-        writer_mod._Queued.run = run  # type: ignore[method-assign]
+        writer_mod.Queued.run = run  # type: ignore[method-assign]
 
     def uninstall(self) -> None:
-        writer_mod._Queued.run = self._orig  # type: ignore[method-assign]
+        writer_mod.Queued.run = self._orig  # type: ignore[method-assign]
 
     def report(self, top: int) -> None:
         for name, prof in sorted(self.by_op.items()):

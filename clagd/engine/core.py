@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -627,7 +628,9 @@ class Engine(ForgetOps, RouteOps):
         """Archive the cold clusters (of `scope` only, when given): in slices."""
         run = ArchiveRun(dry_run, now, None if scope is None else check_scope(scope))
         cfg = self.config.archive
-        return archive.archive_slices(self.writer.call, self._archive_op, self.stats, cfg, run)
+        # its slices give way to writes (`store/writequeue.py`)
+        call = partial(self.writer.call, background=True)
+        return archive.archive_slices(call, self._archive_op, self.stats, cfg, run)
 
     def _archive_op(self, ctx: WriteContext, run: ArchiveRun) -> Archived:
         if not run.dry_run:

@@ -73,9 +73,10 @@ class RouteOps:
         return got
 
     def _queue_route(self, inline: bool) -> None:
-        """The pass's next op, queued on the writer behind the writes waiting (the pass is
-        claimed; `_route_done` releases it or hands it to the scorer)."""
-        fut = self.writer.submit(self._route_op, inline)
+        """The pass's next op, queued on the writer behind the writes waiting, and giving
+        way to those that come (`store/writequeue.py`; the pass is claimed: `_route_done`
+        releases it or hands it to the scorer)."""
+        fut = self.writer.submit(self._route_op, inline, background=True)
         fut.add_done_callback(self._route_done)
 
     def _route_done(self, fut: Future[RouteResult | NeedScores]) -> None:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
@@ -45,6 +44,7 @@ from clagd.store.frozen import ClusterNames, FrozenClusters
 from clagd.store.gitrepo import GitStore, blob_id
 from clagd.store.history import HistoryStatus
 from clagd.store.holds import Holds, WriterIdle, WriterStatus
+from clagd.store.writequeue import NO_ARG, Queued, WriteQueue
 
 __all__ = ["DATA_DIRS", "StoreChange", "WriteContext", "Writer", "read_changes"]
 
@@ -57,23 +57,6 @@ MOVED_RETRIES = 5
 R = TypeVar("R")
 A = TypeVar("A")
 P = TypeVar("P")  # what the writer's publisher prepares beside a commit
-NO_ARG: Any = object()  # an operation submitted without an argument
-
-
-@dataclass(frozen=True)
-class _Queued:
-    """An operation waiting for the writer thread, with its one argument (or none)."""
-
-    op: Callable[..., Any]
-    arg: Any  # NO_ARG: the operation takes none
-    future: Future[Any]
-
-    def run(self, ctx: WriteContext) -> Any:
-        return self.op(ctx) if self.arg is NO_ARG else self.op(ctx, self.arg)
-
-    @property
-    def name(self) -> str:
-        return str(getattr(self.op, "__name__", self.op))
 
 
 class WriteContext:
@@ -439,7 +422,8 @@ class Writer(Generic[P]):
         # on the trash's reaper thread; what a crash left is unlinked now
         self.trash = Trash(self.paths.runtime / "trash", self._thread_started)
         self.trash.empty()
-        self._q: queue.Queue[_Queued | None] = queue.Queue()
+        # writes first; organizing's slices when writes give them room (`writequeue.py`)
+        self._q: WriteQueue[Queued] = WriteQueue()
         self._thread = threading.Thread(target=self._run, name="clagd-writer", daemon=True)
         self._stopping = False
         # the daemon is stopping: long work (a session's slices) ends at its next step
@@ -479,39 +463,44 @@ class Writer(Generic[P]):
         """Run everything already queued, then stop."""
         if self._thread.is_alive():
             self._stopping = True
-            self._q.put(None)
+            self._q.close()
             self._thread.join(timeout)
         self._git_thread.shutdown(wait=False)
         self.trash.close()
         self.watch.close()
 
     @overload
-    def submit(self, op: Callable[[WriteContext], R]) -> Future[R]: ...
+    def submit(self, op: Callable[[WriteContext], R], *, background: bool = ...) -> Future[R]: ...
     @overload
-    def submit(self, op: Callable[[WriteContext, A], R], arg: A) -> Future[R]: ...
-    def submit(self, op: Callable[..., Any], arg: Any = NO_ARG) -> Future[Any]:
+    def submit(
+        self, op: Callable[[WriteContext, A], R], arg: A, *, background: bool = ...
+    ) -> Future[R]: ...
+    def submit(
+        self, op: Callable[..., Any], arg: Any = NO_ARG, *, background: bool = False
+    ) -> Future[Any]:
         """Queue `op(ctx)` or `op(ctx, arg)`: an operation takes at most one argument, a
-        small frozen dataclass when it needs more than one value."""
+        small frozen dataclass when it needs more than one value. `background`: a slice of
+        organizing, which gives way to writes (`writequeue.py`)."""
         fut: Future[Any] = Future()
         if self._stopping:
             fut.set_exception(StoreError("the daemon is shutting down"))
             return fut
         self.idle.queued()
-        self._q.put(_Queued(op, arg, fut))
+        self._q.put(Queued(op, arg, fut), background)
         return fut
 
     @overload
-    def call(self, op: Callable[[WriteContext], R]) -> R: ...
+    def call(self, op: Callable[[WriteContext], R], *, background: bool = ...) -> R: ...
     @overload
-    def call(self, op: Callable[[WriteContext, A], R], arg: A) -> R: ...
-    def call(self, op: Callable[..., Any], arg: Any = NO_ARG) -> Any:
+    def call(self, op: Callable[[WriteContext, A], R], arg: A, *, background: bool = ...) -> R: ...
+    def call(self, op: Callable[..., Any], arg: Any = NO_ARG, *, background: bool = False) -> Any:
         """Submit and wait. On the writer thread itself, run inline (no deadlock)."""
         if threading.current_thread() is self._thread:
-            return _Queued(op, arg, Future()).run(WriteContext(self))
-        return self.submit(op, arg).result()
+            return Queued(op, arg, Future()).run(WriteContext(self))
+        return self.submit(op, arg, background=background).result()
 
     def pending(self) -> int:
-        return self._q.qsize()
+        return len(self._q)
 
     def status(self) -> WriterStatus:
         """The `writer` section of `status`."""
@@ -601,9 +590,10 @@ class Writer(Generic[P]):
             try:
                 self._run_one(item)
             finally:
+                self._q.done()
                 self.idle.finished()
 
-    def _run_one(self, item: _Queued) -> None:
+    def _run_one(self, item: Queued) -> None:
         fut, ctx = item.future, WriteContext(self)
         if not fut.set_running_or_notify_cancel():
             return
@@ -633,7 +623,7 @@ class Writer(Generic[P]):
         else:
             fut.set_result(result)
 
-    def _attempt(self, item: _Queued, ctx: WriteContext) -> Any:
+    def _attempt(self, item: Queued, ctx: WriteContext) -> Any:
         """Run one operation on a view equal to the branch's HEAD. When its commit finds the
         branch moved meanwhile (the compare-and-swap failed: nothing was committed), its files
         go back to HEAD, the new HEAD is loaded and the operation runs again."""
