@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -65,14 +67,26 @@ class Timeline:
         return out
 
 
-def _writing(eng: Engine, stop: threading.Event, done: list[float]) -> None:
-    """An agent writing one memory after another until `stop`."""
-    i = 0
-    while not stop.is_set():
-        t = time.perf_counter()
-        eng.add([{"content": f"a note written while organizing runs, number {i}"}])
-        done.append(time.perf_counter() - t)
-        i += 1
+@contextmanager
+def _agent_writing(eng: Engine) -> Iterator[None]:
+    """An agent writing one memory after another (already under way) until the block
+    ends; slices wait for PER_SLICE writes, never for a pause (the grace is a minute)."""
+    eng.writer._q.grace, eng.writer._q.writes_per_slice = 60.0, PER_SLICE
+    stop, written = threading.Event(), [0]
+
+    def write() -> None:
+        while not stop.is_set():
+            eng.add([{"content": f"a note written while organizing runs, number {written[0]}"}])
+            written[0] += 1
+
+    agent = threading.Thread(target=write)
+    agent.start()
+    try:
+        wait_for(lambda: written[0] >= 2, 30, "the agent's first writes")
+        yield
+    finally:
+        stop.set()
+        agent.join(30)
 
 
 def test_route_slices_give_way_to_writes_that_keep_coming(
@@ -87,20 +101,14 @@ def test_route_slices_give_way_to_writes_that_keep_coming(
     store = _store(tmp_path)
     eng = Engine(store)
     ops = Timeline(monkeypatch)
-    stop, lat = threading.Event(), []
     try:
-        eng.writer._q.grace, eng.writer._q.writes_per_slice = 60.0, PER_SLICE
         res = eng.add([{"content": f"{t} once more"} for t in TOPICS])
         assert res.route_deferred
         eng.scorer.wait(10)
-        agent = threading.Thread(target=_writing, args=(eng, stop, lat))
-        agent.start()
-        wait_for(lambda: len(lat) >= 2, 30, "the agent's first writes")
-        start = len(ops.names)
-        assert eng.maybe_route(force=True, wait=False) is None
-        wait_for(lambda: len(eng.routes) == 0, 120, "every slice of the route pass")
-        stop.set()
-        agent.join(30)
+        with _agent_writing(eng):
+            start = len(ops.names)
+            assert eng.maybe_route(force=True, wait=False) is None
+            wait_for(lambda: len(eng.routes) == 0, 120, "every slice of the route pass")
         eng.writer.call(lambda _ctx: None)  # the last slice's commit is in
         routes = ops.writes_before_each("_route_op", start)
         assert len(routes) >= len(TOPICS)
@@ -114,7 +122,6 @@ def test_route_slices_give_way_to_writes_that_keep_coming(
         route_commits = git(store, "log", "--format=%s").count("route: ")
         assert route_commits == len(TOPICS)
     finally:
-        stop.set()
         eng.close()
 
 
@@ -153,22 +160,15 @@ def test_archive_slices_give_way_to_writes(tmp_path: Path, monkeypatch: pytest.M
     store = _store(tmp_path)
     eng = Engine(store)
     ops = Timeline(monkeypatch)
-    stop, lat = threading.Event(), []
     try:
-        eng.writer._q.grace, eng.writer._q.writes_per_slice = 60.0, PER_SLICE
-        agent = threading.Thread(target=_writing, args=(eng, stop, lat))
-        agent.start()
-        wait_for(lambda: len(lat) >= 2, 30, "the agent's first writes")
-        start = len(ops.names)
-        # every hand-made cluster is cold a year on
-        out = eng.archive(now=time.time() + 365 * 86400)
-        stop.set()
-        agent.join(30)
+        with _agent_writing(eng):
+            start = len(ops.names)
+            # every hand-made cluster is cold a year on
+            out = eng.archive(now=time.time() + 365 * 86400)
         assert set(out.clusters) >= {f"c-0000aa{k:02x}" for k in range(len(TOPICS))}
         slices = ops.writes_before_each("_archive_op", start)
         assert len(slices) == len(out.clusters) // 2 + len(out.clusters) % 2
         assert all(n >= PER_SLICE for n in slices[1:])
         assert all(not (store / "clusters" / f"{c}.yaml").exists() for c in out.clusters)
     finally:
-        stop.set()
         eng.close()
