@@ -662,8 +662,12 @@ class Client:
         return _parse(Session, result, "recluster")
 
     def archive(self, dry_run: bool = False, scope: str | None = None) -> Archived:
-        """Archive cold clusters (of `scope`, else of the client's; with neither, all)."""
-        result = self.call("archive", dry_run=dry_run, scope=self._scope(scope))
+        """Archive cold clusters (of `scope`, else of the client's; with neither, all).
+        Waits as long as a session may take: the job's slices give way to writes, so under
+        a client writing back to back it takes minutes, not seconds."""
+        params = {"dry_run": dry_run, **({} if (s := self._scope(scope)) is None else {"scope": s})}
+        longest = max(self.timeout or 0.0, RECLUSTER_TIMEOUT)
+        result = self.request("archive", params, timeout=longest)
         return _parse(Archived, result, "archive")
 
     def sync(self) -> FollowStatus:

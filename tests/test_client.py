@@ -8,6 +8,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -392,6 +393,23 @@ def test_timeout_drops_connection_and_recovers(daemon: FakeDaemon) -> None:
         release.set()
         assert c.ping().pong is True  # never reads the late reply of the old request
     assert daemon.connections == 2
+
+
+def test_archive_waits_longer_than_the_clients_timeout(daemon: FakeDaemon) -> None:
+    """The archive job's slices give way to writes, so under a client writing back to back
+    it takes minutes: `archive` waits as long as a session may, not the client's
+    timeout (a `log` as slow times out)."""
+
+    def slow(req: dict, result: Any) -> Any:
+        time.sleep(0.6)
+        return result
+
+    daemon.handlers["archive"] = lambda req: slow(req, REPLIES["archive"])
+    daemon.handlers["log"] = lambda req: slow(req, REPLIES["log"])
+    with Client(daemon.path, timeout=0.2) as c:
+        assert c.archive(dry_run=True).dry_run is True
+        with pytest.raises(DaemonTimeout, match="did not answer"):
+            c.log(5)
 
 
 def test_client_is_safe_to_share_between_threads(daemon: FakeDaemon) -> None:
