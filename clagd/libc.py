@@ -1,7 +1,8 @@
-"""The three C library calls clagd makes through ctypes, with the library loaded once:
+"""The four C library calls clagd makes through ctypes, with the library loaded once:
 `syncfs(2)` (one flush per commit, store/durable.py), `renameat2(2)` with RENAME_EXCHANGE
-(a file's old version kept out of the writer's hold, store/durable.py `Trash`) and glibc's
-`malloc_trim` (the heap freed by a full load handed back to the system, serve/daemon.py).
+(a file's old version kept out of the writer's hold, store/durable.py `Trash`), glibc's
+`malloc_trim` (the heap freed by a full load handed back to the system, serve/daemon.py)
+and `prctl(2)` PR_SET_PDEATHSIG (a loader process dies with the daemon, engine/loader.py).
 All are optional: where the C library or the filesystem lacks them, the callers take their
 slower or larger path."""
 
@@ -12,6 +13,7 @@ import ctypes.util
 import errno
 import functools
 import os
+import signal
 from pathlib import Path
 
 
@@ -62,3 +64,17 @@ def malloc_trim() -> bool:
     no glibc or nothing was released."""
     fn = getattr(libc(), "malloc_trim", None)
     return bool(fn(0)) if fn is not None else False
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """This (child) process is killed when `parent` ends (Linux PR_SET_PDEATHSIG, SIGKILL;
+    strictly, when the thread of `parent` that forked it does); it exits at once when
+    `parent` is gone already. Where prctl is missing, nothing happens."""
+    fn = getattr(libc(), "prctl", None)
+    if fn is not None:
+        fn(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clagd.config import Config
+from clagd.libc import die_with_parent
 from clagd.retrieval.bulk import Prepared, build, prepare
 from clagd.retrieval.index import Index
 from clagd.store.files import (
@@ -42,6 +43,7 @@ from clagd.store.files import (
     merge_loaded,
     parse_files,
 )
+from clagd.store.lock import close_inherited
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +186,14 @@ def _start_method() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork" if alone and os.name == "posix" else "spawn")
 
 
+def _worker_started(daemon: int) -> None:
+    """A loader process ends with the daemon and holds none of its locks: one that outlived
+    a killed daemon went on parsing, and, forked, held the store lock, so a restart found
+    "another clagd daemon (pid N) is running" for a pid that was gone."""
+    close_inherited()
+    die_with_parent(daemon)
+
+
 def _load_parts(
     root: Path, chunks: list[list[str]], procs: int, stem: bool, stopwords: bool
 ) -> list[Part]:
@@ -193,7 +203,12 @@ def _load_parts(
     pool: ProcessPoolExecutor | None = None
     if procs > 0 and len(chunks) > 1:
         try:
-            pool = ProcessPoolExecutor(max_workers=procs, mp_context=_start_method())
+            pool = ProcessPoolExecutor(
+                max_workers=procs,
+                mp_context=_start_method(),
+                initializer=_worker_started,
+                initargs=(os.getpid(),),
+            )
             futures = [pool.submit(load_part, str(root), c, stem, stopwords) for c in chunks]
         except (OSError, RuntimeError) as exc:
             log.warning("start-up: no loader processes (%s); loading in this one", exc)

@@ -10,6 +10,7 @@ from clagd.errors import StoreLocked
 from clagd.store.gitcmd import git_dir
 
 LOCK_FILE = "clagd.lock"  # in .git/: `git clean -fdx` and `rm -rf .clagd` leave it alone
+_HELD: set[int] = set()  # the lock files this process holds (`close_inherited`)
 
 
 class StoreLock:
@@ -38,14 +39,29 @@ class StoreLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
+        _HELD.add(fd)
 
     def release(self) -> None:
         if self.fd is not None:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
             finally:
+                _HELD.discard(self.fd)
                 os.close(self.fd)
                 self.fd = None
+
+
+def close_inherited() -> None:
+    """In a forked child: close its copies of the parent's lock files. The flock belongs to
+    the open file, which the child shares, so a child that outlived a killed daemon held
+    the store ("another clagd daemon is running") until it ended. Closing (never
+    unlocking: that would free the parent's lock) leaves the parent the only holder."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
 
 
 def lock_holder(store: Path) -> int | None:
