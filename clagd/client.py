@@ -341,6 +341,11 @@ class Client:
         """Send `op` with `params` (None values are left out) and return the reply's result."""
         return self.request(op, {k: v for k, v in params.items() if v is not None})
 
+    def _slow_call(self, op: str, slow: bool, /, **params: Any) -> Any:
+        """`call`, waiting as long as a session may (RECLUSTER_TIMEOUT) when `slow`."""
+        timeout = max(self.timeout or 0.0, RECLUSTER_TIMEOUT) if slow else None
+        return self.request(op, {k: v for k, v in params.items() if v is not None}, timeout)
+
     def request(
         self, op: str, params: Mapping[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
@@ -635,20 +640,14 @@ class Client:
         in one `forget` commit and from every copy the daemon keeps; no revert brings them
         back. `purge` also rewrites every commit that held their text (history changes:
         see docs/protocol.md); `force_remote` then force-pushes it to replication.remote."""
-        result = self.request(
+        result = self._slow_call(
             "forget",
-            {
-                k: v
-                for k, v in {
-                    "ids": list(ids) or None,
-                    "match": match,
-                    "scope": self._scope(scope),
-                    "purge": purge or None,
-                    "force_remote": force_remote or None,
-                }.items()
-                if v is not None
-            },
-            timeout=max(self.timeout or 0.0, RECLUSTER_TIMEOUT) if purge else None,
+            purge,
+            ids=list(ids) or None,
+            match=match,
+            scope=self._scope(scope),
+            purge=purge or None,
+            force_remote=force_remote or None,
         )
         return _parse(Forgotten, result, "forget")
 
@@ -662,12 +661,9 @@ class Client:
         return _parse(Session, result, "recluster")
 
     def archive(self, dry_run: bool = False, scope: str | None = None) -> Archived:
-        """Archive cold clusters (of `scope`, else of the client's; with neither, all).
-        Waits as long as a session may take: the job's slices give way to writes, so under
-        a client writing back to back it takes minutes, not seconds."""
-        params = {"dry_run": dry_run, **({} if (s := self._scope(scope)) is None else {"scope": s})}
-        longest = max(self.timeout or 0.0, RECLUSTER_TIMEOUT)
-        result = self.request("archive", params, timeout=longest)
+        """Archive cold clusters (of `scope`, else of the client's; with neither, all). Slow
+        under writes back to back (its slices give way to them): waits as a session may."""
+        result = self._slow_call("archive", True, dry_run=dry_run, scope=self._scope(scope))
         return _parse(Archived, result, "archive")
 
     def sync(self) -> FollowStatus:
