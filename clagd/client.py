@@ -339,7 +339,7 @@ class Client:
 
     def call(self, op: str, /, **params: Any) -> Any:
         """Send `op` with `params` (None values are left out) and return the reply's result."""
-        return self.request(op, {k: v for k, v in params.items() if v is not None})
+        return self._slow_call(op, False, **params)
 
     def _slow_call(self, op: str, slow: bool, /, **params: Any) -> Any:
         """`call`, waiting as long as a session may (RECLUSTER_TIMEOUT) when `slow`."""

@@ -25,9 +25,9 @@ from clagd.store.files import StoreState
 from clagd.store.writer import WriteContext
 
 # clusters one archive commit moves at most (issue 26: one commit for every cold cluster
-# held the writer in proportion to the store). An `add` meets a whole slice: at 11k
-# clusters 50 held the writer 90-106 ms, 20 holds it 58-66 (the job is daily; it takes
-# twice the commits)
+# held the writer in proportion to the store). An `add` that meets a slice waits for all
+# of it: at 11k clusters 50 held the writer 90-106 ms, 20 holds it 58-66 (the job is
+# daily; it takes twice the commits)
 ARCHIVE_SLICE = 20
 
 
